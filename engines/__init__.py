@@ -1,0 +1,1 @@
+"""Engines for speedgate: vLLM launch profiles and the CPU engine simulator (``engines.sim``)."""

@@ -1,0 +1,257 @@
+"""Continuous-batching scheduler: one loop task per replica advances the running batch.
+
+Faithful to vLLM's V1 scheduler in spirit:
+
+- at most ``max_num_seqs`` sequences run; the rest wait in a FIFO queue
+  (``vllm:num_requests_waiting``); a waiting sequence is admitted when a slot and its KV blocks
+  are free (the head of the queue blocks the rest, no reordering);
+- each step processes one token per decoding sequence plus up to ``max_num_batched_tokens``
+  of uncached prompt tokens (chunked prefill, oldest first); a sequence gets its first token in
+  the step that finishes its prefill, so TTFT = queue wait + prefill of its uncached tokens (+
+  the steps it shares);
+- a step lasts ``perf.step_s(decoding) + perf.prefill_s(prefill_tokens)``, scaled by
+  ``time_scale``; with ``time_scale == 0`` the loop yields once per step (fair interleaving) and
+  sleeps on an event when idle (no busy spin);
+- in speculative mode each decoding sequence gains ``accepted + 1`` tokens per step, drawn
+  from a seeded RNG (:meth:`engines.sim.perf.PerfModel.draw_accepted`).
+
+A request (:class:`Job`) owns one sequence per choice; the loop appends ``(index, tokens,
+done)`` to the job's outbox and sets its event. The handler drains the outbox at its own pace,
+so a slow client never slows the engine (tokens coalesce, as in vLLM's output processor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from engines.sim.kvcache import Allocation, PrefixCache
+from engines.sim.metrics import SimMetrics
+from engines.sim.perf import PerfModel
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One choice of one request, as the scheduler sees it."""
+
+    job: Job
+    index: int
+    prompt_tokens: int
+    block_hashes: list[int]
+    output_tokens: int  # tokens to generate before finishing
+    generated: int = 0
+    prefill_left: int = 0  # uncached prompt tokens still to compute
+    cached_tokens: int = 0
+    alloc: Allocation | None = None
+    done: bool = False
+
+
+class Job:
+    """One HTTP request's handle: its sequences and the outbox the engine fills."""
+
+    __slots__ = ("event", "outbox", "seqs")
+
+    def __init__(self) -> None:
+        self.seqs: list[Sequence] = []
+        self.outbox: list[tuple[int, int, bool]] = []
+        self.event = asyncio.Event()
+
+    def add(self, index: int, prompt_tokens: int, hashes: list[int], output_tokens: int) -> None:
+        """Add the sequence of choice ``index``."""
+        self.seqs.append(Sequence(self, index, prompt_tokens, hashes, output_tokens))
+
+    async def next(self) -> list[tuple[int, int, bool]]:
+        """Wait for and take the pending ``(choice index, new tokens, finished)`` outputs."""
+        while not self.outbox:
+            self.event.clear()
+            await self.event.wait()
+        out, self.outbox = self.outbox, []
+        return out
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (first choice; n>1 shares the prompt)."""
+        return self.seqs[0].cached_tokens if self.seqs else 0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters since start or the last reset."""
+
+    steps: int = 0
+    generated: int = 0
+
+
+class Engine:
+    """The scheduler loop of one replica. Start with :meth:`start`, stop with :meth:`stop`."""
+
+    def __init__(
+        self,
+        perf: PerfModel,
+        cache: PrefixCache,
+        metrics: SimMetrics,
+        *,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        time_scale: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.perf = perf
+        self.cache = cache
+        self.metrics = metrics
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.time_scale = time_scale
+        self.rng = random.Random(seed)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = EngineStats()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- control ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the loop task (call from the running event loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        """Cancel the loop task."""
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def submit(self, job: Job) -> None:
+        """Queue every sequence of ``job``. Raises ValueError if one can never fit the cache."""
+        bs = self.cache.block_size
+        for s in job.seqs:
+            if -(-(s.prompt_tokens + s.output_tokens) // bs) > self.cache.num_blocks:
+                raise ValueError("request needs more KV-cache blocks than the replica has")
+        self.waiting.extend(job.seqs)
+        self._wake.set()
+
+    def abort(self, job: Job) -> None:
+        """Remove ``job``'s unfinished sequences (client gone, or a stop string reached)."""
+        for s in job.seqs:
+            self.finish(s)
+
+    def finish(self, s: Sequence) -> None:
+        """Finish one sequence early and release its blocks."""
+        if s.done:
+            return
+        s.done = True
+        if s.alloc is not None:
+            self.cache.free(s.alloc)
+            s.alloc = None
+            self.running.remove(s)
+        else:
+            try:
+                self.waiting.remove(s)
+            except ValueError:
+                pass
+
+    @property
+    def num_running(self) -> int:
+        """Sequences in the running batch."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences in the waiting queue."""
+        return len(self.waiting)
+
+    # -- loop ------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        cache, bs, m = self.cache, self.cache.block_size, self.metrics
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            s = self.waiting[0]
+            total_blocks = -(-(s.prompt_tokens + s.output_tokens) // bs)
+            alloc = cache.allocate(s.block_hashes, s.prompt_tokens, total_blocks)
+            if alloc is None:
+                return
+            self.waiting.popleft()
+            s.alloc = alloc
+            s.cached_tokens = alloc.cached_tokens(bs)
+            s.prefill_left = s.prompt_tokens - s.cached_tokens
+            self.running.append(s)
+            m.prefix_queries.inc(s.prompt_tokens)
+            if s.cached_tokens:
+                m.prefix_hits.inc(s.cached_tokens)
+            m.prompt_tokens.inc(s.prompt_tokens)
+
+    async def _run(self) -> None:
+        perf = self.perf
+        while True:
+            if not self.running and not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._admit()
+            if not self.running:  # defensive: the queue head cannot be placed yet
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            decoding = [s for s in self.running if s.prefill_left == 0]
+            budget = max(0, self.max_num_batched_tokens - len(decoding))
+            prefill_tokens = 0
+            prefilled: list[Sequence] = []
+            for s in self.running:
+                if s.prefill_left and budget:
+                    take = min(s.prefill_left, budget)
+                    s.prefill_left -= take
+                    budget -= take
+                    prefill_tokens += take
+                    if s.prefill_left == 0:
+                        prefilled.append(s)
+            delay = (perf.step_s(len(decoding)) + perf.prefill_s(prefill_tokens)) * self.time_scale
+            await asyncio.sleep(delay)
+            self._emit(decoding, prefilled)
+
+    def _emit(self, decoding: list[Sequence], prefilled: list[Sequence]) -> None:
+        """Hand out this step's tokens; finish sequences that reached their length."""
+        perf, m = self.perf, self.metrics
+        spec = perf.speculative
+        k = perf.num_speculative_tokens
+        total = 0
+        accepted_total = 0
+        drafts = 0
+        for s in decoding:
+            if s.done:  # aborted while the step ran
+                continue
+            n = 1
+            if spec:
+                acc = perf.draw_accepted(self.rng)
+                drafts += 1
+                accepted_total += acc
+                n = acc + 1
+            total += self._give(s, n)
+        for s in prefilled:
+            if not s.done:
+                total += self._give(s, 1)
+        self.stats.steps += 1
+        self.stats.generated += total
+        if total:
+            m.generation_tokens.inc(total)
+        if drafts and m.spec_drafts is not None:
+            m.spec_drafts.inc(drafts)
+            m.spec_draft_tokens.inc(drafts * k)
+            m.spec_accepted.inc(accepted_total)
+
+    def _give(self, s: Sequence, n: int) -> int:
+        n = min(n, s.output_tokens - s.generated)
+        s.generated += n
+        done = s.generated >= s.output_tokens
+        job = s.job
+        job.outbox.append((s.index, n, done))
+        job.event.set()
+        if done:
+            s.done = True
+            if s.alloc is not None:
+                self.cache.free(s.alloc)
+                s.alloc = None
+            self.running.remove(s)
+        return n

@@ -1,0 +1,78 @@
+"""Scripted faults: one schema, used per request, per replica and from the command line.
+
+- per request: body field ``"sim_faults": {...}`` (a gateway forwards unknown fields untouched);
+- per replica: ``POST /sim/faults`` (replaces), ``DELETE /sim/faults`` (clears), ``--faults JSON``.
+
+Per-request fields override the replica's (only the fields the request sets). All durations are
+**wall-clock seconds** and are not multiplied by ``--time-scale``.
+
+"Content events" are the data events after the chat role chunk: content deltas, tool-call deltas
+(the tool-call header with id and name counts as one), completion text chunks. Not counted: the
+role chunk, the usage chunk, ``[DONE]``, comments, malformed events. ``*_after_chunks = 0`` acts
+right after the role chunk (chat) or before the first event (completions).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+class Faults(BaseModel):
+    """Fault script for one request or one replica; every field is optional."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # timing
+    headers_delay_s: float | None = Field(None, ge=0, description="wait before status+headers")
+    ttft_delay_s: float | None = Field(None, ge=0, description="after headers, before 1st event")
+    chunk_interval_s: float | None = Field(None, ge=0, description="fixed gap between events")
+    stall_after_chunks: int | None = Field(None, ge=0)
+    stall_s: float | None = Field(None, ge=0)
+    # scripted content
+    chunks: list[str] | None = Field(None, description="emit exactly these content deltas")
+    output_tokens: int | None = Field(None, ge=1, description="natural output length (tokens)")
+    tool_args_chunks: int | None = Field(None, ge=1, description="argument deltas of a tool call")
+    tool_call_after_chunks: int | None = Field(
+        None, ge=0, description="chunks[:N] are content, chunks[N:] the arguments of a tool call"
+    )
+    # connection and protocol faults
+    reset_after_chunks: int | None = Field(None, ge=0, description="abort TCP after N events")
+    malformed_after_chunks: int | None = Field(None, ge=0)
+    status: int | None = Field(None, ge=100, le=599)
+    retry_after: float | None = Field(None, ge=0)
+    error_message: str | None = None
+    error_type: str | None = None
+    error_shape: Literal["nested", "flat"] | None = None
+    # framing
+    utf8_split: bool = False
+    split_pause_s: float = Field(0.05, ge=0)
+    comments: bool = False
+    crlf: bool = False
+    multiline_data: bool = False
+    # process
+    crash: bool = False
+
+    def merged(self, override: Faults | None) -> Faults:
+        """This (replica) script with the fields ``override`` (a request's) explicitly set."""
+        if override is None or not override.model_fields_set:
+            return self
+        if not self.model_fields_set:
+            return override
+        return self.model_copy(update=override.model_dump(exclude_unset=True))
+
+    @property
+    def touches_stream(self) -> bool:
+        """True when events need the slow path (framing or counted faults)."""
+        return bool(
+            self.utf8_split
+            or self.comments
+            or self.crlf
+            or self.multiline_data
+            or self.stall_after_chunks is not None
+            or self.reset_after_chunks is not None
+            or self.malformed_after_chunks is not None
+        )
+
+
+NO_FAULTS = Faults()

@@ -1,0 +1,108 @@
+"""SSE event writer: ``data: {json}\\n\\n`` framing, with the stream faults applied.
+
+The plain path writes each event as one HTTP chunk. Fault paths (see :mod:`engines.sim.faults`):
+CRLF framing, a JSON split over two ``data:`` lines, ``: keepalive`` comments, TCP writes cut
+inside multi-byte UTF-8 characters, and the counted faults (stall, malformed event, reset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from aiohttp import web
+
+from engines.sim.faults import Faults
+
+MALFORMED = b'data: {"id": broken'
+_LEAD = re.compile(rb"[\xc0-\xff]")  # lead byte of a multi-byte UTF-8 character
+
+
+class ConnectionReset(Exception):
+    """Raised after the writer aborted the TCP connection (fault ``reset_after_chunks``)."""
+
+
+def utf8_cuts(data: bytes) -> list[int]:
+    """Offsets that fall *inside* multi-byte characters: after the 2nd byte of 3- and 4-byte
+    characters (Hangul syllables, emoji), after the 1st byte of 2-byte ones."""
+    cuts = []
+    for m in _LEAD.finditer(data):
+        lead = data[m.start()]
+        cuts.append(m.start() + (1 if lead < 0xE0 else 2))
+    return cuts
+
+
+class EventWriter:
+    """Writes the events of one streamed response and counts its content events."""
+
+    __slots__ = ("_eol", "_sep", "content_events", "faults", "plain", "request", "resp")
+
+    def __init__(self, request: web.Request, resp: web.StreamResponse, faults: Faults) -> None:
+        self.request = request
+        self.resp = resp
+        self.faults = faults
+        self.plain = not faults.touches_stream
+        self.content_events = 0
+        self._eol = b"\r\n" if faults.crlf else b"\n"
+        self._sep = self._eol * 2
+
+    async def event(self, payload: bytes) -> None:
+        """Write one non-content event (role chunk, usage chunk)."""
+        if self.plain:
+            await self.resp.write(b"data: " + payload + b"\n\n")
+        else:
+            await self._write_framed(payload)
+
+    async def content(self, payload: bytes) -> None:
+        """Write one content event, then apply the counted faults."""
+        if self.plain:
+            await self.resp.write(b"data: " + payload + b"\n\n")
+            self.content_events += 1
+            return
+        await self._write_framed(payload)
+        self.content_events += 1
+        await self.after_content()
+
+    async def done(self) -> None:
+        """Write ``data: [DONE]``."""
+        if self.plain:
+            await self.resp.write(b"data: [DONE]\n\n")
+        else:
+            await self._write_framed(b"[DONE]", split=False)
+
+    async def after_content(self) -> None:
+        """Apply the faults due after ``content_events`` events (also called with 0 at start)."""
+        f, n = self.faults, self.content_events
+        if f.malformed_after_chunks == n:
+            await self.resp.write(MALFORMED + self._sep)
+        if f.stall_after_chunks == n and f.stall_s:
+            await asyncio.sleep(f.stall_s)
+        if f.reset_after_chunks == n:
+            transport = self.request.transport
+            if transport is not None:
+                transport.abort()
+            raise ConnectionReset
+
+    async def _write_framed(self, payload: bytes, split: bool = True) -> None:
+        f, eol = self.faults, self._eol
+        if f.comments:
+            await self.resp.write(b": keepalive" + self._sep)
+        if f.multiline_data and split:
+            cut = payload.find(b',"') + 1
+            if cut > 0:
+                frame = b"data: " + payload[:cut] + eol + b"data: " + payload[cut:] + self._sep
+            else:
+                frame = b"data: " + payload + self._sep
+        else:
+            frame = b"data: " + payload + self._sep
+        if f.utf8_split:
+            cuts = utf8_cuts(frame)
+            if cuts:
+                start = 0
+                for cut in cuts:
+                    await self.resp.write(frame[start:cut])
+                    await asyncio.sleep(f.split_pause_s)
+                    start = cut
+                await self.resp.write(frame[start:])
+                return
+        await self.resp.write(frame)

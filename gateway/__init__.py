@@ -1,0 +1,16 @@
+"""speedgate: an OpenAI-compatible inference gateway with speed tiers.
+
+Public surface: ``create_app`` (the ASGI app), ``load_config`` / ``GatewayConfig`` (the config
+schema) and the ``speedgate`` command (``gateway.cli``).
+"""
+
+from gateway.config import ConfigError, GatewayConfig, load_config
+
+__all__ = ["ConfigError", "GatewayConfig", "create_app", "load_config"]
+
+
+def create_app(config: GatewayConfig):
+    """Build the gateway ASGI app for ``config`` (see ``gateway.app.create_app``)."""
+    from gateway.app import create_app as _create
+
+    return _create(config)

@@ -1,0 +1,180 @@
+"""The FastAPI application: routes, lifespan (upstream client, health probes), request ids.
+
+The two hot-path routes are raw ASGI endpoints (``handler.CompletionsEndpoint``); the rest are
+ordinary FastAPI routes. No compression middleware: ``text/event-stream`` is never compressed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.asgi import Scope
+from gateway.config import GatewayConfig, load_config
+from gateway.errors import GatewayError
+from gateway.handler import CompletionsEndpoint
+from gateway.health import HealthChecker
+from gateway.pools import PoolRegistry
+from gateway.state import GatewayState
+from gateway.tiers import ModelIndex
+from gateway.upstream import Upstream
+
+_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class RequestIdMiddleware:
+    """Gives every request an id (the client's ``x-request-id`` when it is a sane token, else a
+    new UUID), stores it in ``scope["speedgate.request_id"]`` and adds ``x-request-id`` to every
+    response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = None
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                rid = v.decode("latin-1")
+                break
+        if rid is None or not _REQUEST_ID_OK.match(rid):
+            rid = uuid.uuid4().hex
+        scope["speedgate.request_id"] = rid
+        rid_header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.start":
+                msg["headers"] = [*msg.get("headers", ()), rid_header]
+            await send(msg)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def _json(status: int, doc: Any) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+
+
+def create_app(config: GatewayConfig) -> FastAPI:
+    """Build the gateway app for ``config``. The upstream client and the health probes start in
+    the app's lifespan (inside the server's event loop) and stop with it."""
+    pools = PoolRegistry(config)
+    models = ModelIndex(config)
+    holder: dict[str, GatewayState] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        upstream = Upstream(config.upstream)
+        health = HealthChecker(config.health, pools, upstream)
+        state = GatewayState(config, models, pools, upstream, health)
+        holder["state"] = state
+        app.state.gateway = state
+        health.start()
+        try:
+            yield
+        finally:
+            await health.stop()
+            await upstream.close()
+
+    app = FastAPI(
+        title="speedgate",
+        summary="OpenAI-compatible inference gateway with speed tiers",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+
+    class _Lazy:
+        """Resolves the state created in the lifespan at request time."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(holder["state"], name)
+
+    lazy: Any = _Lazy()
+    for kind, path in (("chat", "/v1/chat/completions"), ("completion", "/v1/completions")):
+        app.router.routes.append(
+            Route(path, CompletionsEndpoint(lazy, kind), methods=["POST"])  # type: ignore[arg-type]
+        )
+
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        data = []
+        for name, model_name, tier in models.names():
+            m = config.models[model_name]
+            entry: dict[str, Any] = {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "speedgate",
+            }
+            if tier is None:
+                entry["tiers"] = list(m.tiers)
+                entry["default_tier"] = m.default_tier
+                entry["aliases"] = dict(m.aliases)
+            else:
+                entry["parent"] = model_name
+                entry["tier"] = tier
+            data.append(entry)
+        return _json(200, {"object": "list", "data": data})
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return _json(200, {"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        ready = True
+        report: dict[str, Any] = {}
+        for name in config.models:
+            healthy = {
+                p.tier: sum(r.healthy for r in p.replicas)
+                for p in pools.all()
+                if p.model == name
+            }
+            report[name] = {"healthy_replicas": healthy}
+            if not any(healthy.values()):
+                ready = False
+        return _json(200 if ready else 503, {"status": "ready" if ready else "not_ready",
+                                             "models": report})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        status = exc.status_code
+        err = GatewayError(
+            str(exc.detail),
+            status=status,
+            type="invalid_request_error" if status < 500 else "server_error",
+            code={404: "not_found", 405: "method_not_allowed"}.get(status),
+        )
+        return Response(err.to_bytes(), status_code=status, media_type="application/json",
+                        headers=dict(exc.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        err = GatewayError(str(exc), status=400, type="invalid_request_error")
+        return Response(err.to_bytes(), status_code=400, media_type="application/json")
+
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """App factory for ``uvicorn --factory`` and multi-worker serving: reads the config file
+    named by ``SPEEDGATE_CONFIG``."""
+    return create_app(load_config(os.environ.get("SPEEDGATE_CONFIG")))

@@ -1,0 +1,128 @@
+"""Raw ASGI helpers for the hot path: read a bounded body, send a response, watch for the
+client going away. No per-chunk allocation beyond the message dict ASGI requires."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any
+
+from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, UnsupportedMediaType
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+
+
+class ClientDisconnected(Exception):
+    """The client closed its connection before the response was complete (recorded as 499)."""
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The first value of header ``name`` (lower-case bytes), decoded as latin-1, or None."""
+    for k, v in scope["headers"]:
+        if k == name:
+            return v.decode("latin-1")
+    return None
+
+
+async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
+    """Read the whole request body, refusing more than ``limit`` bytes.
+
+    Raises ``UnsupportedMediaType`` (415) unless the content type is ``application/json``,
+    ``BodyTooLarge`` (413) as soon as the body (or its ``Content-Length``) exceeds ``limit``,
+    ``InvalidRequest`` (400) for an empty body, ``ClientDisconnected`` if the client leaves.
+    """
+    ctype = header(scope, b"content-type")
+    if ctype is None or ctype.split(";", 1)[0].strip().lower() != "application/json":
+        raise UnsupportedMediaType(
+            "Content-Type must be application/json", param="content-type"
+        )
+    length = header(scope, b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise BodyTooLarge(f"request body of {length} bytes exceeds the limit of {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = msg.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
+            parts.append(chunk)
+        if not msg.get("more_body", False):
+            break
+    if not size:
+        raise InvalidRequest("request body is empty", code="invalid_json")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def send_response(
+    send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Send a complete JSON response with ``headers`` (lower-case byte pairs)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(
+    send: Any, err: GatewayError, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Send ``err`` as an OpenAI-shaped error response."""
+    extra = [(k.encode(), v.encode()) for k, v in err.headers().items()]
+    await send_response(send, err.status, err.to_bytes(), [*headers, *extra])
+
+
+class DisconnectWatch:
+    """Async context manager: cancels the current task when the client disconnects and turns
+    that cancellation into ``ClientDisconnected``. One watcher task per request, like
+    ``asyncio.timeout`` turns its cancellation into ``TimeoutError``.
+
+    The request body must have been read already: the watcher consumes ``receive``.
+    """
+
+    __slots__ = ("_receive", "_task", "_watcher", "disconnected")
+
+    def __init__(self, receive: Any) -> None:
+        self._receive = receive
+        self.disconnected = False
+        self._task: asyncio.Task[Any] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DisconnectWatch:
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    async def _watch(self) -> None:
+        while True:
+            msg = await self._receive()
+            if msg["type"] == "http.disconnect":
+                break
+        self.disconnected = True
+        assert self._task is not None
+        self._task.cancel()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._watcher is not None and self._task is not None
+        self._watcher.cancel()
+        if self.disconnected and exc_type is asyncio.CancelledError:
+            if self._task.uncancel() == 0:
+                raise ClientDisconnected() from None

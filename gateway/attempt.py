@@ -1,0 +1,162 @@
+"""One upstream attempt with staged timeouts, up to the point where the client can be answered.
+
+For a stream that point is the first data event (headers are not a first token); for a
+non-stream request it is the whole JSON body. Until then a failure is ``RetryableFailure`` (the
+caller may try another replica or pool) unless it is the client's fault (engine 4xx other than
+408/429: raised as is) or the request's total deadline expired (``UpstreamTimeout("total")``).
+The replica's in-flight count is held from the start of the attempt until
+``OpenedResponse.close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout, parse_engine_error
+from gateway.pools import Pool, Replica
+from gateway.sse import SSEEvent
+from gateway.upstream import (
+    MAX_ERROR_BODY_BYTES,
+    Upstream,
+    UpstreamBrokenError,
+    UpstreamConnectError,
+    UpstreamResponse,
+)
+
+RETRYABLE_STATUSES = frozenset({408, 429})
+
+
+class RetryableFailure(Exception):
+    """The attempt failed before anything reached the client; ``reason`` is a short slug
+    (``connect-error``, ``http-503``, ``ttft-timeout``, ``broken-stream``, ``malformed``) and
+    ``error`` what the client gets if no other attempt succeeds."""
+
+    def __init__(self, reason: str, error: GatewayError) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+
+@dataclass(slots=True)
+class Attempt:
+    """What to send where: ``payload`` to ``replica`` of ``pool`` at ``path``; ``deadline`` is
+    the loop time of the request's total deadline."""
+
+    pool: Pool
+    replica: Replica
+    payload: bytes
+    path: str
+    request_id: str
+    stream: bool
+    deadline: float
+
+
+@dataclass(slots=True, eq=False)
+class OpenedResponse:
+    """A successful attempt: for streams the ``first`` data event and the ``events`` iterator
+    that continues after it; for JSON the parsed ``doc``. ``ttft_s``: seconds from send to the
+    first event (streams) or to the complete body."""
+
+    attempt: Attempt
+    response: UpstreamResponse
+    ttft_s: float
+    first: SSEEvent | None = None
+    events: AsyncIterator[SSEEvent] | None = None
+    doc: dict | None = None
+    _closed: bool = False
+
+    def close(self) -> None:
+        """Release the upstream connection (aborting the engine if unfinished) and the
+        replica's in-flight slot. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.response.close()
+        self.attempt.replica.inflight -= 1
+
+
+async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
+    """Send the attempt and wait for its first data event (stream) or its body (JSON).
+
+    Timeouts (``pool.config.timeouts``): ``connect_s`` for the TCP connect; ``ttft_s`` from send
+    to first data event (streams only: a non-stream response has no first token); the total
+    deadline for everything. Raises ``RetryableFailure``, ``UpstreamTimeout`` (total deadline),
+    or the engine's 4xx as ``EngineClientError``.
+    """
+    loop = asyncio.get_running_loop()
+    timeouts = attempt.pool.config.timeouts
+    t_sent = time.monotonic()
+    limit = attempt.deadline
+    if attempt.stream:
+        limit = min(loop.time() + timeouts.ttft_s, attempt.deadline)
+    headers = {
+        "content-type": "application/json",
+        "x-request-id": attempt.request_id,
+        "accept": "text/event-stream" if attempt.stream else "application/json",
+    }
+    url = attempt.replica.url + attempt.path
+    attempt.replica.inflight += 1
+    resp: UpstreamResponse | None = None
+    try:
+        async with asyncio.timeout_at(limit):
+            resp = await upstream.post(url, attempt.payload, headers, timeouts.connect_s)
+            if resp.status != 200:
+                err = parse_engine_error(resp.status, await resp.read(MAX_ERROR_BODY_BYTES))
+                if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
+                    raise RetryableFailure(f"http-{resp.status}", err)
+                raise err
+            if attempt.stream:
+                events = resp.events()
+                first = await _first_data_event(events)
+                return OpenedResponse(
+                    attempt, resp, time.monotonic() - t_sent, first=first, events=events
+                )
+            raw = await resp.read()
+            doc = _json_object(raw)
+            return OpenedResponse(attempt, resp, time.monotonic() - t_sent, doc=doc)
+    except BaseException as e:
+        if resp is not None:
+            resp.close()
+        attempt.replica.inflight -= 1
+        if isinstance(e, TimeoutError):
+            if loop.time() >= attempt.deadline:
+                raise UpstreamTimeout("total", timeouts.total_s) from None
+            raise RetryableFailure(
+                "ttft-timeout", UpstreamTimeout("ttft", timeouts.ttft_s)
+            ) from None
+        if isinstance(e, UpstreamConnectError):
+            raise RetryableFailure(
+                "connect-error", UpstreamError(f"cannot reach engine replica: {e}")
+            ) from None
+        if isinstance(e, UpstreamBrokenError):
+            raise RetryableFailure(
+                "broken-stream", UpstreamError(f"engine connection broke: {e}")
+            ) from None
+        raise
+
+
+async def _first_data_event(events: AsyncIterator[SSEEvent]) -> SSEEvent:
+    """The first event that carries data (comments are skipped). A payload that is neither
+    ``[DONE]`` nor a JSON object is a malformed stream."""
+    async for ev in events:
+        if ev.data is None:
+            continue
+        if not ev.is_done:
+            _json_object(ev.data)
+        return ev
+    raise UpstreamBrokenError("stream ended before the first event")
+
+
+def _json_object(raw: bytes) -> dict:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise RetryableFailure("malformed", UpstreamError("engine sent a malformed response"))
+    return doc

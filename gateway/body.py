@@ -1,0 +1,119 @@
+"""Request bodies: lenient validation and the rewrite of the fields the gateway owns.
+
+The gateway forwards the bytes it received, changing only ``model`` (to the engine's served
+name) and, for streams, ``stream_options.include_usage`` (so the engine reports usage). Long
+agent conversations are several MiB; splicing the two fields into the received bytes avoids
+re-serialising them. When a splice is not provably exact (the ``model`` key appears more than
+once at any depth, the value is escaped differently, ``stream_options`` already exists), the body
+is re-serialised from the parsed document instead: same JSON value, one extra copy.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import InvalidRequest
+
+# A JSON string token can only start after '{', ',', '[', ':' or whitespace; inside a string an
+# unescaped quote cannot occur. So a match is a real "model" key somewhere in the document.
+_MODEL_KEY = re.compile(rb'(?<=[{,\s])"model"\s*:\s*')
+
+
+@dataclass(slots=True)
+class ParsedBody:
+    """A validated request body. ``doc`` is the parsed JSON object, ``raw`` the bytes received."""
+
+    raw: bytes
+    doc: dict[str, Any]
+
+    @property
+    def stream(self) -> bool:
+        """True when the client asked for SSE streaming (``"stream": true``)."""
+        return self.doc.get("stream") is True
+
+    @property
+    def client_wants_usage(self) -> bool:
+        """True when a stream request set ``stream_options.include_usage``."""
+        opts = self.doc.get("stream_options")
+        return isinstance(opts, dict) and opts.get("include_usage") is True
+
+
+def parse_body(raw: bytes, kind: str) -> ParsedBody:
+    """Parse and leniently validate an OpenAI request body.
+
+    ``kind`` is ``"chat"`` (``messages`` must be a non-empty list of objects) or ``"completion"``
+    (``prompt`` must be present). Unknown fields are kept untouched. Raises ``InvalidRequest``
+    (400) with ``param`` naming the field.
+    """
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(
+            f"request body is not valid JSON: {e.msg}", code="invalid_json"
+        ) from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' must be a non-empty string", param="model")
+    if kind == "chat":
+        msgs = doc.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise InvalidRequest("'messages' must be a non-empty array", param="messages")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise InvalidRequest(
+                    f"messages[{i}] must be an object with a string 'role'",
+                    param=f"messages[{i}]",
+                )
+    elif "prompt" not in doc:
+        raise InvalidRequest("'prompt' is required", param="prompt")
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean", param="stream")
+    opts = doc.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+    return ParsedBody(raw, doc)
+
+
+def upstream_body(body: ParsedBody, served_model: str, *, add_usage: bool) -> bytes:
+    """The bytes to send upstream: ``model`` set to ``served_model``; with ``add_usage``,
+    ``stream_options.include_usage`` set to true. Everything else as received."""
+    raw = body.raw
+    model = body.doc["model"]
+    if model != served_model:
+        spliced = _splice_model(raw, model, served_model)
+        if spliced is None:
+            return _reserialise(body, served_model, add_usage)
+        raw = spliced
+    if add_usage:
+        if "stream_options" in body.doc:
+            return _reserialise(body, served_model, add_usage)
+        start = raw.index(b"{") + 1
+        raw = raw[:start] + b'"stream_options":{"include_usage":true},' + raw[start:]
+    return raw
+
+
+def _splice_model(raw: bytes, old: str, new: str) -> bytes | None:
+    matches = list(_MODEL_KEY.finditer(raw))
+    if len(matches) != 1:
+        return None
+    value_start = matches[0].end()
+    old_token = orjson.dumps(old)
+    if raw[value_start : value_start + len(old_token)] != old_token:
+        return None
+    return raw[:value_start] + orjson.dumps(new) + raw[value_start + len(old_token) :]
+
+
+def _reserialise(body: ParsedBody, served_model: str, add_usage: bool) -> bytes:
+    doc = dict(body.doc)
+    doc["model"] = served_model
+    if add_usage:
+        opts = doc.get("stream_options")
+        doc["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+    return orjson.dumps(doc)

@@ -1,0 +1,168 @@
+"""The ``speedgate`` command: ``serve``, ``demo`` and ``check-config`` (argparse)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from gateway.config import ConfigError, GatewayConfig, load_config
+
+EXAMPLE = "deploy/speedgate.example.yaml"
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_server(config: GatewayConfig, config_path: str | None = None) -> None:
+    """Serve ``config`` with uvicorn (uvloop + httptools) until SIGINT/SIGTERM.
+
+    With ``server.workers > 1`` each worker process loads ``config_path`` itself (uvicorn needs
+    an import string to fork workers), so a config given only as overrides needs one worker.
+    """
+    import uvicorn
+
+    from gateway.app import create_app
+
+    srv = config.server
+    _configure_logging(srv.log_level)
+    common = dict(
+        host=srv.host,
+        port=srv.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=srv.log_level,
+        access_log=False,  # speedgate writes its own access log line per request
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=10,
+        log_config=None,
+    )
+    if srv.workers > 1 and config_path is not None:
+        os.environ["SPEEDGATE_CONFIG"] = os.path.abspath(config_path)
+        uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common)
+    else:
+        uvicorn.run(create_app(config), **common)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    overrides: dict = {}
+    server: dict = {}
+    if args.host is not None:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    if args.workers is not None:
+        server["workers"] = args.workers
+    if args.log_level is not None:
+        server["log_level"] = args.log_level
+    try:
+        config = load_config(args.config)
+        if server:
+            merged = config.server.model_dump() | server
+            overrides["server"] = merged
+            config = load_config(args.config, **overrides)
+    except ConfigError as e:
+        print(f"speedgate: {e}", file=sys.stderr)
+        return 2
+    run_server(config, args.config)
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"speedgate: {args.config}: {e}", file=sys.stderr)
+        return 2
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+    print(f"# {args.config}: OK ({len(config.models)} model(s))", file=sys.stderr)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    return run_demo(
+        port=args.port,
+        host=args.host,
+        replicas_per_tier=args.replicas,
+        time_scale=args.time_scale,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``speedgate`` command."""
+    p = argparse.ArgumentParser(
+        prog="speedgate",
+        description="OpenAI-compatible inference gateway with speed tiers "
+        "(standard and speculative-decoding engine pools).",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser(
+        "serve",
+        help="serve the gateway from a config file",
+        description="Serve /v1/chat/completions, /v1/completions and /v1/models in front of "
+        "the engine pools declared in the config file. Environment variables "
+        "SPEEDGATE_<SECTION>__<FIELD> override the file (e.g. SPEEDGATE_SERVER__PORT=9000).",
+    )
+    s.add_argument("--config", "-c", required=True, help=f"YAML config file (see {EXAMPLE})")
+    s.add_argument("--host", help="address to listen on (overrides server.host)")
+    s.add_argument("--port", type=int, help="TCP port to listen on (overrides server.port)")
+    s.add_argument("--workers", type=int, help="uvicorn worker processes (server.workers)")
+    s.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (server.log_level); the access log is at info",
+    )
+    s.set_defaults(func=_cmd_serve)
+
+    c = sub.add_parser(
+        "check-config",
+        help="validate a config file and print it resolved",
+        description="Validate FILE (plus SPEEDGATE_* environment overrides) and print the "
+        "resolved config with every default filled in. Exit status 2 and a message naming "
+        "the field when it is invalid.",
+    )
+    c.add_argument("config", metavar="FILE", help="YAML config file")
+    c.set_defaults(func=_cmd_check)
+
+    d = sub.add_parser(
+        "demo",
+        help="start simulated engine pools and a gateway on localhost",
+        description="Start simulated vLLM replicas (a standard pool and a speculative-decoding "
+        "fast pool, on free ports) and a gateway in front of them, print example requests, and "
+        "stop everything on Ctrl-C or SIGTERM. In-memory state, no auth.",
+    )
+    d.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    d.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
+    d.add_argument(
+        "--replicas", type=int, default=2, help="simulated replicas per tier (default 2)"
+    )
+    d.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiply the simulator's modelled delays (1 = modelled speed, 0 = no delay)",
+    )
+    d.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``speedgate`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""The one typed configuration schema of the gateway, loaded from YAML with env overrides.
+
+Every default and unit lives here. A config file is YAML shaped like ``GatewayConfig``;
+environment variables ``SPEEDGATE_<FIELD>`` override it, nested fields joined by ``__``
+(``SPEEDGATE_SERVER__PORT=9000``, ``SPEEDGATE_SERVER__MAX_BODY_BYTES=1048576``). Unknown keys,
+empty pools, bad URLs, unknown tiers and cyclic fallback chains fail at load with a
+``ConfigError`` whose message names the field (pydantic's ``loc``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+Tier = Literal["standard", "fast"]
+TierChoice = Literal["standard", "fast", "auto"]
+TIERS: tuple[Tier, ...] = ("standard", "fast")
+
+
+class _Strict(BaseModel):
+    """Base for config sections: unknown keys are errors, values are frozen after load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Strict):
+    """Staged timeouts of one upstream attempt, in seconds (Envoy's vocabulary).
+
+    ``connect_s``: TCP connect to a replica. ``ttft_s``: request sent → first data event
+    (response headers do not count). ``stall_s``: longest gap between two events once the
+    stream started (inter-token stall). ``total_s``: deadline for the whole request.
+    """
+
+    connect_s: float = Field(5.0, gt=0)
+    ttft_s: float = Field(300.0, gt=0)
+    stall_s: float = Field(120.0, gt=0)
+    total_s: float = Field(3600.0, gt=0)
+
+
+class Prices(_Strict):
+    """Prices of one tier in USD per 1M tokens (the OpenAI pricing page's unit).
+
+    Cached input tokens are part of ``prompt_tokens`` and billed at ``cached_input`` instead of
+    ``input``: cost = (uncached × input + cached × cached_input + output × output) / 1e6.
+    """
+
+    input_per_mtok_usd: float = Field(0.0, ge=0)
+    cached_input_per_mtok_usd: float = Field(0.0, ge=0)
+    output_per_mtok_usd: float = Field(0.0, ge=0)
+
+
+class PoolConfig(_Strict):
+    """One engine pool: the replicas serving one model at one tier."""
+
+    endpoints: list[AnyHttpUrl] = Field(min_length=1)
+    served_model_name: str = Field(min_length=1)
+    timeouts: Timeouts = Timeouts()
+    prices: Prices = Prices()
+    max_inflight_per_replica: int = Field(
+        0, ge=0, description="Replicas at this many in-flight requests are skipped; 0 = no cap."
+    )
+
+    @field_validator("endpoints")
+    @classmethod
+    def _unique_endpoints(cls, v: list[AnyHttpUrl]) -> list[AnyHttpUrl]:
+        urls = [str(u).rstrip("/") for u in v]
+        if len(set(urls)) != len(urls):
+            raise ValueError("duplicate endpoint URL in pool")
+        return v
+
+    def endpoint_urls(self) -> list[str]:
+        """Endpoint base URLs without trailing slash, e.g. ``http://10.0.0.5:8000``."""
+        return [str(u).rstrip("/") for u in self.endpoints]
+
+
+class ModelConfig(_Strict):
+    """A client-facing model name and its tiers, aliases and fallback chain.
+
+    ``fallback`` maps a tier to the tier tried next when its pool cannot serve (e.g.
+    ``{fast: standard}``); chains may not revisit a tier. ``aliases`` maps extra client-facing
+    names to a tier (``mymodel-fast: fast``).
+    """
+
+    tiers: dict[Tier, PoolConfig] = Field(min_length=1)
+    default_tier: TierChoice = "standard"
+    aliases: dict[str, TierChoice] = {}
+    fallback: dict[Tier, Tier] = {}
+    auto_fast_max_inflight_per_replica: float = Field(
+        4.0,
+        gt=0,
+        description="auto picks the fast pool while its mean in-flight per replica is below this",
+    )
+
+    @model_validator(mode="after")
+    def _check_tiers(self) -> ModelConfig:
+        if self.default_tier != "auto" and self.default_tier not in self.tiers:
+            raise ValueError(f"default_tier {self.default_tier!r} has no pool in tiers")
+        for alias, tier in self.aliases.items():
+            if tier != "auto" and tier not in self.tiers:
+                raise ValueError(f"aliases.{alias}: tier {tier!r} has no pool in tiers")
+        for src, dst in self.fallback.items():
+            if src not in self.tiers or dst not in self.tiers:
+                raise ValueError(f"fallback.{src}: tiers {src!r} and {dst!r} must both have pools")
+        for start in self.fallback:
+            seen = [start]
+            nxt = self.fallback.get(start)
+            while nxt is not None:
+                if nxt in seen:
+                    chain = " -> ".join([*seen, nxt])
+                    raise ValueError(f"fallback: cyclic chain {chain}")
+                seen.append(nxt)
+                nxt = self.fallback.get(nxt)
+        return self
+
+    def fallback_chain(self, tier: Tier) -> list[Tier]:
+        """Tiers to try in order, starting with ``tier``; each at most once."""
+        chain = [tier]
+        nxt = self.fallback.get(tier)
+        while nxt is not None and nxt not in chain:
+            chain.append(nxt)
+            nxt = self.fallback.get(nxt)
+        return chain
+
+
+class ServerConfig(_Strict):
+    """The gateway's own HTTP server."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    workers: int = Field(1, ge=1, description="uvicorn worker processes")
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Largest accepted request body. A 1M-token conversation is ~4-8 MiB of JSON.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+
+
+class UpstreamConfig(_Strict):
+    """The HTTP client that talks to the engines."""
+
+    max_connections: int = Field(
+        0, ge=0, description="Total pooled connections to all replicas; 0 = unlimited."
+    )
+    keepalive_timeout_s: float = Field(30.0, gt=0)
+
+
+class HealthConfig(_Strict):
+    """Active health probes of each replica's ``GET /health``."""
+
+    enabled: bool = True
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+    unhealthy_threshold: int = Field(2, ge=1, description="Failed probes in a row to mark down")
+    healthy_threshold: int = Field(1, ge=1, description="Good probes in a row to mark up")
+
+
+class GatewayConfig(BaseSettings):
+    """The whole gateway configuration (YAML file + ``SPEEDGATE_`` environment overrides)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPEEDGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerConfig = ServerConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    health: HealthConfig = HealthConfig()
+    models: dict[str, ModelConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> GatewayConfig:
+        names: dict[str, str] = {}
+        for model_name, model in self.models.items():
+            for name in (model_name, *model.aliases):
+                if name in names:
+                    raise ValueError(
+                        f"models.{model_name}: name {name!r} already used by {names[name]!r}"
+                    )
+                names[name] = model_name
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first: SPEEDGATE_* overrides what the YAML file (init kwargs) says.
+        return (env_settings, init_settings)
+
+
+class ConfigError(Exception):
+    """Raised when a config file cannot be read or does not validate; message names the field."""
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> GatewayConfig:
+    """Load and validate the config from a YAML file (plus env overrides and ``overrides``).
+
+    Raises ``ConfigError`` naming the offending field (``models.m.tiers.fast.endpoints: ...``).
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+        data = raw
+    data.update(overrides)
+    try:
+        return GatewayConfig(**data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None

@@ -1,0 +1,178 @@
+"""Errors the gateway returns, in the OpenAI error shape, and the mapping of engine errors.
+
+Every error body is ``{"error": {"message", "type", "param", "code"}}`` (OpenAI API reference,
+"Error codes"). ``GatewayError`` subclasses map one-to-one to what the caller can do about them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class GatewayError(Exception):
+    """An error answered to the client with ``status`` and an OpenAI-shaped body.
+
+    ``retry_after_s`` (seconds) adds a ``Retry-After`` header when set.
+    """
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        type: str | None = None,
+        code: str | int | None = None,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+        if code is not None:
+            self.code = str(code) if not isinstance(code, str) else code
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error object ``{"error": {...}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_bytes(self) -> bytes:
+        """The error body serialised as JSON bytes."""
+        return orjson.dumps(self.body())
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (``Retry-After`` in whole seconds, rounded up)."""
+        if self.retry_after_s is None:
+            return {}
+        return {"retry-after": str(max(1, int(-(-self.retry_after_s // 1))))}
+
+
+class InvalidRequest(GatewayError):
+    """400: the request is malformed (invalid JSON, wrong field types)."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class UnsupportedMediaType(GatewayError):
+    """415: the body is not ``application/json``."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_media_type"
+
+
+class BodyTooLarge(GatewayError):
+    """413: the body exceeds ``server.max_body_bytes``."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class ModelNotFound(GatewayError):
+    """404: the model name is neither a configured model nor an alias."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class NoHealthyReplica(GatewayError):
+    """503: no replica of any pool in the request's fallback chain can take it now."""
+
+    status = 503
+    type = "server_error"
+    code = "no_healthy_replica"
+
+
+class UpstreamError(GatewayError):
+    """502: the engine failed (connection error, 5xx, broken or malformed stream)."""
+
+    status = 502
+    type = "server_error"
+    code = "upstream_error"
+
+
+class UpstreamTimeout(GatewayError):
+    """504: a staged timeout expired (connect, ttft, stall or total); ``stage`` names which."""
+
+    status = 504
+    type = "timeout"
+    code = "upstream_timeout"
+
+    def __init__(self, stage: str, seconds: float) -> None:
+        super().__init__(f"upstream {stage} timeout after {seconds:g}s")
+        self.stage = stage
+
+
+class EngineClientError(GatewayError):
+    """An engine's 4xx, passed through with its status, message, type, param and code."""
+
+
+def parse_engine_error(status: int, body: bytes) -> EngineClientError:
+    """Map an engine error response to an OpenAI-shaped error keeping the engine's message.
+
+    Understands both vLLM shapes: ``{"error": {"message", "type", "param", "code"}}`` (vLLM ≥
+    0.10) and the older flat ``{"object": "error", "message", "type", "param", "code"}``. A body
+    that is neither keeps its text (truncated to 1000 characters) as the message. Statuses ≥ 500
+    become 502 ``upstream_error``; 4xx keep their status.
+    """
+    message: str | None = None
+    param: str | None = None
+    code: Any = None
+    try:
+        doc = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        inner = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+        if isinstance(inner.get("message"), str):
+            message = inner["message"]
+            param = inner.get("param") if isinstance(inner.get("param"), str) else None
+            code = inner.get("code")
+        elif isinstance(doc.get("detail"), str):  # FastAPI's default error shape
+            message = doc["detail"]
+    if message is None:
+        text = body[:1000].decode("utf-8", "replace").strip()
+        message = text or f"engine returned HTTP {status}"
+    if status >= 500:
+        return EngineClientError(
+            f"engine error (HTTP {status}): {message}",
+            status=502,
+            type="server_error",
+            code="upstream_error",
+        )
+    return EngineClientError(
+        message,
+        status=status,
+        type=_openai_type(status),
+        param=param,
+        code=code if isinstance(code, str) else None,
+    )
+
+
+def _openai_type(status: int) -> str:
+    """OpenAI error ``type`` for an engine 4xx (vLLM sends exception class names instead)."""
+    return {
+        401: "authentication_error",
+        403: "permission_error",
+        429: "rate_limit_error",
+    }.get(status, "invalid_request_error")

@@ -1,0 +1,190 @@
+"""The path of one request, top-down: admit → plan → attempt → relay → account (DESIGN §1).
+
+``CompletionsEndpoint`` is a raw ASGI app mounted on ``/v1/chat/completions`` and
+``/v1/completions``: no response models, no per-chunk validation. Each step calls a small
+policy module: ``body`` (validate, rewrite owned fields), ``tiers`` and ``plan`` (tier and
+fallback chain), ``routing`` (replica), ``attempt`` (one upstream try with staged timeouts),
+``relay`` (SSE and JSON relay), ``access`` (the access log line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Literal
+
+from gateway.access import RequestRecord, log_request
+from gateway.asgi import (
+    ClientDisconnected,
+    DisconnectWatch,
+    Scope,
+    header,
+    read_body,
+    send_error,
+    send_response,
+)
+from gateway.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
+from gateway.body import ParsedBody, parse_body, upstream_body
+from gateway.errors import GatewayError, NoHealthyReplica
+from gateway.plan import Plan, plan_request
+from gateway.relay import SSE_HEADERS, ChunkRewriter, relay_events
+from gateway.routing import pick_least_inflight
+from gateway.state import GatewayState
+from gateway.tiers import TIER_TO_SERVICE_TIER
+
+log = logging.getLogger("speedgate.handler")
+
+
+class CompletionsEndpoint:
+    """ASGI app for ``POST /v1/chat/completions`` (``kind="chat"``) and ``/v1/completions``."""
+
+    def __init__(self, state: GatewayState, kind: Literal["chat", "completion"]) -> None:
+        self.state = state
+        self.kind = kind
+        self.path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        """Serve one request; every exit path answers the client (or records 499) and logs."""
+        rec = RequestRecord(request_id=scope.get("speedgate.request_id", ""), path=self.path)
+        started = False
+
+        async def tracked_send(msg: dict[str, Any]) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+                rec.status = msg["status"]
+            await send(msg)
+
+        try:
+            # 1. admit
+            cfg = self.state.config.server
+            raw = await read_body(scope, receive, cfg.max_body_bytes)
+            body = parse_body(raw, self.kind)
+            # 2. plan
+            treq = self.state.models.resolve(
+                body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
+            )
+            plan = plan_request(treq, self.state.pools)
+            rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
+            async with DisconnectWatch(receive):
+                # 3. attempt
+                opened = await self._open(plan, body, rec)
+                try:
+                    # 4. relay
+                    await self._respond(tracked_send, plan, opened, body, rec)
+                finally:
+                    opened.close()
+        except ClientDisconnected:
+            rec.status, rec.outcome = 499, "client_disconnected"
+        except GatewayError as e:
+            rec.outcome = rec.outcome or e.code or e.type
+            if not started:
+                await send_error(tracked_send, e, self._tier_headers(rec))
+        except Exception:
+            log.exception("internal error on request %s", rec.request_id)
+            rec.outcome = "internal_error"
+            if not started:
+                err = GatewayError("internal gateway error", code="internal_error")
+                await send_error(tracked_send, err, [])
+        finally:
+            # 5. account
+            rec.e2e_s = time.monotonic() - rec.t_start
+            log_request(rec)
+
+    async def _open(self, plan: Plan, body: ParsedBody, rec: RequestRecord) -> OpenedResponse:
+        """Try the pools of the plan's chain in order until one answers (DESIGN §7: only before
+        anything reached the client). Raises the last failure when none does."""
+        add_usage = body.stream and not body.client_wants_usage
+        payloads: dict[str, bytes] = {}
+        loop = asyncio.get_running_loop()
+        reasons: list[str] = [plan.reason] if plan.reason == "tier-unavailable" else []
+        rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
+        last: GatewayError | None = None
+        deadline: float | None = None
+        for pool in plan.chain:
+            timeouts = pool.config.timeouts
+            if deadline is None:  # the first pool's total timeout bounds the whole request
+                deadline = loop.time() + timeouts.total_s
+            replica = pick_least_inflight(pool.usable())
+            if replica is None:
+                reasons.append(f"{pool.tier}:no-healthy-replica")
+                continue
+            served = pool.config.served_model_name
+            if served not in payloads:
+                payloads[served] = upstream_body(body, served, add_usage=add_usage)
+            rec.attempts += 1
+            attempt = Attempt(
+                pool=pool,
+                replica=replica,
+                payload=payloads[served],
+                path=self.path,
+                request_id=rec.request_id,
+                stream=body.stream,
+                deadline=deadline,
+            )
+            try:
+                opened = await open_attempt(self.state.upstream, attempt)
+            except RetryableFailure as f:
+                reasons.append(f"{pool.tier}:{f.reason}")
+                last = f.error
+                continue
+            rec.served_tier, rec.replica = pool.tier, replica.safe_url
+            rec.ttft_s = opened.ttft_s
+            if pool.tier != plan.request.tier or reasons:
+                rec.fallback = ",".join(reasons) or None
+            return opened
+        rec.fallback = ",".join(reasons) or None
+        if last is None:
+            raise NoHealthyReplica(
+                f"no healthy replica for model {plan.request.model_name!r}", retry_after_s=1
+            )
+        raise last
+
+    async def _respond(
+        self,
+        send: Any,
+        plan: Plan,
+        opened: OpenedResponse,
+        body: ParsedBody,
+        rec: RequestRecord,
+    ) -> None:
+        pool = opened.attempt.pool
+        rewriter = ChunkRewriter(
+            pool.config.served_model_name,
+            plan.request.model_name,
+            TIER_TO_SERVICE_TIER[pool.tier],
+        )
+        headers = self._tier_headers(rec)
+        if not body.stream:
+            assert opened.doc is not None
+            rec.set_usage(opened.doc.get("usage"))
+            rec.outcome = "ok"
+            await send_response(send, 200, rewriter.body(opened.doc), headers)
+            return
+        assert opened.first is not None and opened.events is not None
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
+        result = await relay_events(
+            send,
+            opened.first,
+            opened.events,
+            rewriter,
+            strip_usage=not body.client_wants_usage,
+            stall_s=pool.config.timeouts.stall_s,
+            total_s=pool.config.timeouts.total_s,
+            deadline=opened.attempt.deadline,
+        )
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        rec.usage = result.usage
+        rec.outcome = "ok" if result.ok else (result.error.code if result.error else "error")
+
+    @staticmethod
+    def _tier_headers(rec: RequestRecord) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        if rec.served_tier:
+            out.append((b"x-speedgate-tier", rec.served_tier.encode()))
+        if rec.fallback:
+            out.append((b"x-speedgate-fallback", rec.fallback.encode()))
+        if rec.auto_reason:
+            out.append((b"x-speedgate-auto-reason", rec.auto_reason.encode()))
+        return out

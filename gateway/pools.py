@@ -1,0 +1,76 @@
+"""Engine pools and their replicas: the live state the router reads (health, in-flight)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.config import GatewayConfig, PoolConfig, Tier
+from gateway.urls import redact_url
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    """One engine server. ``url`` is its base URL (may carry credentials: log ``safe_url``).
+
+    ``inflight`` counts requests this gateway has open to it (incremented when an attempt
+    starts, decremented on every exit path). ``healthy`` comes from active ``/health`` probes.
+    """
+
+    url: str
+    pool_key: str
+    inflight: int = 0
+    healthy: bool = True
+    consecutive_probe_failures: int = 0
+    consecutive_probe_successes: int = 0
+    safe_url: str = ""
+
+    def __post_init__(self) -> None:
+        self.safe_url = redact_url(self.url)
+
+
+@dataclass(slots=True, eq=False)
+class Pool:
+    """The replicas serving one model at one tier (``key`` is ``model/tier``)."""
+
+    model: str
+    tier: Tier
+    config: PoolConfig
+    replicas: list[Replica] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """``model/tier``, the pool's name in logs and metrics."""
+        return f"{self.model}/{self.tier}"
+
+    def usable(self) -> list[Replica]:
+        """Healthy replicas below the pool's ``max_inflight_per_replica`` cap (0 = no cap)."""
+        cap = self.config.max_inflight_per_replica
+        return [r for r in self.replicas if r.healthy and (cap == 0 or r.inflight < cap)]
+
+    def has_healthy(self) -> bool:
+        """True when at least one replica passes its health probes."""
+        return any(r.healthy for r in self.replicas)
+
+
+class PoolRegistry:
+    """All pools, keyed by ``(model, tier)``, built once from the config."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._pools: dict[tuple[str, str], Pool] = {}
+        for name, model in config.models.items():
+            for tier, pc in model.tiers.items():
+                pool = Pool(name, tier, pc)
+                pool.replicas = [Replica(u, pool.key) for u in pc.endpoint_urls()]
+                self._pools[(name, tier)] = pool
+
+    def get(self, model: str, tier: str) -> Pool | None:
+        """The pool of ``model`` at ``tier``, or None when that tier is not configured."""
+        return self._pools.get((model, tier))
+
+    def all(self) -> list[Pool]:
+        """Every pool, in config order."""
+        return list(self._pools.values())
+
+    def replicas(self) -> list[Replica]:
+        """Every replica of every pool."""
+        return [r for p in self._pools.values() for r in p.replicas]

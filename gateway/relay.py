@@ -1,0 +1,168 @@
+"""Relay of engine responses to the client: SSE events one by one, unbuffered, and JSON bodies.
+
+Per event the relay does byte operations only (no JSON parse), except for a chunk that mentions
+``"usage"``: that one is parsed to read the usage and, when the gateway asked for usage on the
+client's behalf, dropped. The relay never invents ``finish_reason`` or ``[DONE]``: a stream cut
+after it started ends with one in-band ``data: {"error": {...}}`` event and no ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.sse import DONE_EVENT, SSEEvent, encode_event
+from gateway.upstream import UpstreamBrokenError
+
+SSE_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage of one request: ``prompt`` (includes ``cached``), ``completion``; tokens."""
+
+    prompt: int = 0
+    completion: int = 0
+    cached: int = 0
+
+    @classmethod
+    def from_openai(cls, usage: Any) -> Usage | None:
+        """From an OpenAI ``usage`` object (``prompt_tokens_details.cached_tokens`` optional)."""
+        if not isinstance(usage, dict):
+            return None
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return cls(
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+            int(cached or 0),
+        )
+
+
+class ChunkRewriter:
+    """Rewrites engine JSON chunks for the client: ``model`` back to the client-facing name and
+    ``service_tier`` set to the tier that served. Byte splices, no parse."""
+
+    __slots__ = ("_model_new", "_model_old", "_tier_prefix", "client_model", "service_tier")
+
+    def __init__(self, served_model: str, client_model: str, service_tier: str) -> None:
+        self.client_model = client_model
+        self.service_tier = service_tier
+        self._model_old = b'"model":' + orjson.dumps(served_model)
+        self._model_new = b'"model":' + orjson.dumps(client_model)
+        self._tier_prefix = b'{"service_tier":' + orjson.dumps(service_tier) + b","
+
+    def chunk(self, data: bytes) -> bytes:
+        """Rewrite one SSE data payload (a JSON object); other payloads pass unchanged."""
+        if data[:1] != b"{":
+            return data
+        if self._model_old != self._model_new:
+            data = data.replace(self._model_old, self._model_new, 1)
+        if b'"service_tier"' not in data:
+            data = self._tier_prefix + data[1:]
+        return data
+
+    def body(self, doc: dict[str, Any]) -> bytes:
+        """Rewrite a non-streaming response document and serialise it."""
+        if "model" in doc:
+            doc["model"] = self.client_model
+        doc["service_tier"] = self.service_tier
+        return orjson.dumps(doc)
+
+
+@dataclass(slots=True)
+class StreamResult:
+    """How a relayed stream ended: ``ok`` (saw ``[DONE]``), its ``usage`` if the engine sent
+    one, the ``error`` sent in-band otherwise, and the number of events relayed."""
+
+    ok: bool = False
+    usage: Usage | None = None
+    error: GatewayError | None = None
+    events: int = 0
+
+
+def usage_chunk(data: bytes) -> Usage | None:
+    """The usage of a final usage chunk (``"choices": []`` and a ``usage`` object), else None."""
+    if b'"usage"' not in data:
+        return None
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or doc.get("choices") != []:
+        return None
+    return Usage.from_openai(doc.get("usage"))
+
+
+def error_event(err: GatewayError) -> bytes:
+    """An in-band SSE error event carrying the OpenAI error object."""
+    return encode_event(err.to_bytes())
+
+
+async def relay_events(
+    send: Any,
+    first: SSEEvent,
+    events: AsyncIterator[SSEEvent],
+    rewriter: ChunkRewriter,
+    *,
+    strip_usage: bool,
+    stall_s: float,
+    total_s: float,
+    deadline: float,
+) -> StreamResult:
+    """Send ``first`` and every following event to the client as soon as each is complete.
+
+    ``stall_s``: longest allowed gap between events (seconds); ``deadline``: loop time at which
+    the total deadline (``total_s`` after the request arrived) expires. On a broken upstream, a
+    stall or the deadline, sends one in-band error event and returns (the caller closes the
+    upstream connection so the engine aborts).
+    """
+    result = StreamResult()
+    loop = asyncio.get_running_loop()
+
+    async def emit(ev: SSEEvent) -> bool:
+        data = ev.data
+        if data is None:
+            return False
+        if ev.is_done:
+            await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": True})
+            return True
+        usage = usage_chunk(data)
+        if usage is not None:
+            result.usage = usage
+            if strip_usage:
+                return False
+        result.events += 1
+        body = encode_event(rewriter.chunk(data))
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        return False
+
+    try:
+        if await emit(first):
+            result.ok = True
+            return result
+        async with asyncio.timeout(min(loop.time() + stall_s, deadline)) as cm:
+            async for ev in events:
+                if await emit(ev):
+                    result.ok = True
+                    return result
+                cm.reschedule(min(loop.time() + stall_s, deadline))
+        result.error = UpstreamError("upstream stream ended without [DONE]")
+    except UpstreamBrokenError as e:
+        result.error = UpstreamError(f"upstream connection broke mid-stream ({e})")
+    except TimeoutError:
+        if loop.time() >= deadline:
+            result.error = UpstreamTimeout("total", total_s)
+        else:
+            result.error = UpstreamTimeout("stall", stall_s)
+    await send({"type": "http.response.body", "body": error_event(result.error), "more_body": True})
+    return result
