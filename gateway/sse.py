@@ -67,11 +67,13 @@ class SSEParser:
         return events
 
     def close(self) -> list[SSEEvent]:
-        """End of stream. A trailing block with no blank line is incomplete and dropped, as the
-        spec says; returns nothing, kept for symmetry with ``feed``."""
-        self._buf = b""
+        """End of stream: resolve a held-back ``\r`` and return the events that completes. A
+        trailing block with no blank line after it is incomplete and stays (see
+        ``has_partial``), as the spec drops it."""
+        if not self._pending_cr:
+            return []
         self._pending_cr = False
-        return []
+        return self.feed(b"\n")
 
     @property
     def has_partial(self) -> bool:

@@ -60,6 +60,8 @@ class UpstreamResponse:
                     break
                 for ev in parser.feed(chunk):
                     yield ev
+            for ev in parser.close():
+                yield ev
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as e:
             raise UpstreamBrokenError(type(e).__name__) from None
         if parser.has_partial:

@@ -1,0 +1,144 @@
+"""What each choice will say: content pieces or a tool call, one item per output token. Pure.
+
+A plan is decided up front (generated words, stop strings applied, tool arguments split), so
+the scheduler knows each sequence's length and the handler maps delivered token counts to
+items. Item kinds: ``"c"`` content text, ``"h"`` tool-call header (text = tool name), ``"a"``
+tool-call arguments piece.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engines.sim.faults import Faults
+from engines.sim.textgen import Prompt, TextGen, split_text
+
+DEFAULT_TOOL_ARGS_CHUNKS = 8
+
+
+@dataclass(slots=True)
+class Plan:
+    """One choice: ``items`` (one per output token), its finish reason, and whether each item
+    must be its own event (scripted ``chunks``, tool calls) or may coalesce (model text)."""
+
+    index: int
+    items: list[tuple[str, str]]
+    finish: str
+    scripted: bool
+    pos: int = 0  # items already emitted
+
+    @property
+    def tokens(self) -> int:
+        """Output tokens of this choice."""
+        return len(self.items)
+
+
+def tool_choice_name(body: dict[str, Any]) -> str | None:
+    """Name of the tool to call, or None when the request gets a text answer."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if not tools or choice == "none" or not isinstance(tools, list):
+        return None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name:
+            return str(name)
+    first = tools[0] if isinstance(tools[0], dict) else {}
+    return str((first.get("function") or {}).get("name") or "tool")
+
+
+def tool_parameters(body: dict[str, Any], name: str) -> Any:
+    """The JSON-schema ``parameters`` of tool ``name`` in the request."""
+    for t in body.get("tools") or ():
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and fn.get("name") == name:
+            return fn.get("parameters") or {}
+    return {}
+
+
+def apply_stop(pieces: list[str], stops: list[str]) -> tuple[list[str], bool]:
+    """Cut ``pieces`` at the first stop string (excluded from the text, like vLLM).
+
+    Keeps one item per token up to the token that completes the stop string; text at or after
+    the stop is removed (those items become empty). Returns (items, stopped).
+    """
+    if not stops:
+        return pieces, False
+    text = "".join(pieces)
+    best = -1
+    best_end = 0
+    for s in stops:
+        if not s:
+            continue
+        i = text.find(s)
+        if i >= 0 and (best < 0 or i < best):
+            best, best_end = i, i + len(s)
+    if best < 0:
+        return pieces, False
+    out: list[str] = []
+    pos = 0
+    for p in pieces:
+        keep = max(0, min(len(p), best - pos))
+        out.append(p[:keep])
+        pos += len(p)
+        if pos >= best_end:
+            break
+    return out, True
+
+
+def make_plans(
+    body: dict[str, Any],
+    prompts: list[Prompt],
+    n: int,
+    max_tokens: list[int],
+    natural_tokens: int,
+    faults: Faults,
+    gen: TextGen,
+    chat: bool,
+) -> list[Plan]:
+    """Plans for ``len(prompts) x n`` choices; choice index = ``prompt_index * n + i``.
+
+    ``max_tokens[p]`` is prompt ``p``'s output limit; ``natural_tokens`` the length at which the
+    model "emits EOS" (finish "stop") unless ``ignore_eos`` is set.
+    """
+    stops = body.get("stop")
+    stop_list = [stops] if isinstance(stops, str) else [s for s in stops or () if isinstance(s, str)]
+    tool = tool_choice_name(body) if chat else None
+    ignore_eos = bool(body.get("ignore_eos"))
+    plans: list[Plan] = []
+    for p, prompt in enumerate(prompts):
+        for i in range(n):
+            idx = p * n + i
+            plans.append(_plan(idx, body, prompt, i, max_tokens[p], natural_tokens, faults,
+                               gen, tool, stop_list, ignore_eos))
+    return plans
+
+
+def _plan(
+    idx: int, body: dict[str, Any], prompt: Prompt, i: int, limit: int, natural: int,
+    faults: Faults, gen: TextGen, tool: str | None, stops: list[str], ignore_eos: bool,
+) -> Plan:
+    if faults.chunks is not None:
+        after = faults.tool_call_after_chunks
+        if after is None:
+            items = [("c", c) for c in faults.chunks] or [("c", "")]
+            return Plan(idx, items, "stop", True)
+        name = tool or "tool"
+        items = [("c", c) for c in faults.chunks[:after]]
+        items.append(("h", name))
+        items.extend(("a", c) for c in faults.chunks[after:])
+        return Plan(idx, items, "tool_calls", True)
+    if tool is not None:
+        args = gen.tool_arguments(tool_parameters(body, tool), prompt.key + i)
+        pieces = split_text(args, faults.tool_args_chunks or DEFAULT_TOOL_ARGS_CHUNKS)
+        return Plan(idx, [("h", tool), *(("a", a) for a in pieces)], "tool_calls", True)
+    natural = faults.output_tokens or natural
+    count = limit if ignore_eos else min(limit, natural)
+    finish = "length" if count >= limit and (ignore_eos or limit < natural) else "stop"
+    pieces, stopped = apply_stop(gen.pieces(prompt.key, i, count), stops)
+    if stopped:
+        finish = "stop"
+    if not pieces:
+        pieces = [""]
+    return Plan(idx, [("c", t) for t in pieces], finish, False)

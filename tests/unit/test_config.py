@@ -1,0 +1,85 @@
+"""Config validation: the message names the field; env overrides the file."""
+
+import textwrap
+
+import pytest
+
+from gateway.config import ConfigError, load_config
+
+GOOD = """
+models:
+  m:
+    default_tier: standard
+    aliases: {m-fast: fast}
+    fallback: {fast: standard}
+    tiers:
+      standard: {served_model_name: m, endpoints: ["http://127.0.0.1:9001"]}
+      fast: {served_model_name: m-spec, endpoints: ["http://127.0.0.1:9002"]}
+"""
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_good_config_loads_with_defaults(tmp_path):
+    cfg = load_config(_write(tmp_path, GOOD))
+    m = cfg.models["m"]
+    assert m.tiers["fast"].served_model_name == "m-spec"
+    assert m.tiers["standard"].timeouts.ttft_s == 300.0
+    assert m.fallback_chain("fast") == ["fast", "standard"]
+    assert m.fallback_chain("standard") == ["standard"]
+    assert cfg.server.max_body_bytes >= 8 * 1024 * 1024
+
+
+def test_example_config_is_valid():
+    cfg = load_config("deploy/speedgate.example.yaml")
+    assert set(cfg.models["mymodel"].tiers) == {"standard", "fast"}
+
+
+@pytest.mark.parametrize(
+    ("mutation", "field"),
+    [
+        (lambda s: s.replace("default_tier: standard", "default_tier: turbo"), "default_tier"),
+        (lambda s: s.replace('endpoints: ["http://127.0.0.1:9002"]', "endpoints: []"),
+         "models.m.tiers.fast.endpoints"),
+        (lambda s: s.replace("http://127.0.0.1:9002", "not a url"),
+         "models.m.tiers.fast.endpoints.0"),
+        (lambda s: s.replace("fallback: {fast: standard}",
+                             "fallback: {fast: standard, standard: fast}"), "cyclic"),
+        (lambda s: s.replace("aliases: {m-fast: fast}", "aliases: {m-fast: turbo}"),
+         "models.m.aliases.m-fast"),
+        (lambda s: s.replace("default_tier: standard", "default_tier: standard\n    colour: red"),
+         "models.m.colour"),
+        (lambda s: s.replace("served_model_name: m,", "served_model_name: m, timeout: 3,"),
+         "models.m.tiers.standard.timeout"),
+    ],
+)
+def test_invalid_config_names_the_field(tmp_path, mutation, field):
+    with pytest.raises(ConfigError) as ei:
+        load_config(_write(tmp_path, mutation(GOOD)))
+    assert field in str(ei.value)
+
+
+def test_unknown_tier_in_fallback(tmp_path):
+    bad = GOOD.replace("fallback: {fast: standard}", "fallback: {fast: turbo}")
+    with pytest.raises(ConfigError, match="fallback"):
+        load_config(_write(tmp_path, bad))
+
+
+def test_env_overrides_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEEDGATE_SERVER__PORT", "9123")
+    monkeypatch.setenv("SPEEDGATE_SERVER__MAX_BODY_BYTES", "2048")
+    cfg = load_config(_write(tmp_path, GOOD))
+    assert cfg.server.port == 9123
+    assert cfg.server.max_body_bytes == 2048
+    assert "m" in cfg.models  # the file's models survive the nested override
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "models: [\n"))
