@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+
 class Faults(BaseModel):
     """Fault script for one request or one replica; every field is optional."""
 

@@ -72,7 +72,9 @@ class PrefixCache:
             n += 1
         return n
 
-    def allocate(self, hashes: list[int], prompt_tokens: int, total_blocks: int) -> Allocation | None:
+    def allocate(
+        self, hashes: list[int], prompt_tokens: int, total_blocks: int
+    ) -> Allocation | None:
         """Reserve ``total_blocks`` blocks for a sequence whose full prompt blocks are ``hashes``.
 
         Returns None when the blocks cannot be found even after evicting every evictable block

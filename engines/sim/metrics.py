@@ -12,8 +12,8 @@ speculative mode ``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_t
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 __all__ = ["CONTENT_TYPE", "SimMetrics"]
 
@@ -32,11 +32,18 @@ class SimMetrics:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, labels, registry=reg).labels(*values)
 
-        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self.waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self.kv_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
         self.prefix_queries = counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
         )
         self.prefix_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
@@ -56,7 +63,9 @@ class SimMetrics:
         self._values = values
         self.spec_drafts = self.spec_draft_tokens = self.spec_accepted = None
         if speculative:
-            self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+            self.spec_drafts = counter(
+                "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."
+            )
             self.spec_draft_tokens = counter(
                 "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
             )

@@ -103,7 +103,10 @@ def make_plans(
     model "emits EOS" (finish "stop") unless ``ignore_eos`` is set.
     """
     stops = body.get("stop")
-    stop_list = [stops] if isinstance(stops, str) else [s for s in stops or () if isinstance(s, str)]
+    if isinstance(stops, str):
+        stop_list = [stops]
+    else:
+        stop_list = [s for s in stops or () if isinstance(s, str)]
     tool = tool_choice_name(body) if chat else None
     ignore_eos = bool(body.get("ignore_eos"))
     plans: list[Plan] = []

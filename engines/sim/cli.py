@@ -1,0 +1,98 @@
+"""Command line: ``python -m engines.sim [flags]`` / ``speedgate-sim [flags]``.
+
+Flag names follow ``vllm serve`` where vLLM has the setting (``--max-model-len``,
+``--max-num-seqs``, ``--max-num-batched-tokens``, ``--block-size``, ``--num-gpu-blocks-override``
+as ``--num-gpu-blocks``, ``--served-model-name``, ``--num-speculative-tokens``,
+``--enable-prompt-tokens-details``). Defaults and sources: :mod:`engines.sim.config`,
+:mod:`engines.sim.perf`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from engines.sim.config import SimConfig
+from engines.sim.faults import NO_FAULTS, Faults
+from engines.sim.perf import PerfModel
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, defaults taken from :class:`SimConfig` and :class:`PerfModel`."""
+    c, pm = SimConfig(), PerfModel()
+    p = argparse.ArgumentParser(prog="speedgate-sim", description=__doc__.split("\n")[0])
+    a = p.add_argument
+    a("--host", default=c.host)
+    a("--port", type=int, default=c.port, help="0 picks a free port (printed on the ready line)")
+    a("--model", "--served-model-name", dest="model", default=c.model, help="served model name")
+    a("--max-model-len", type=int, default=c.max_model_len, help="tokens (prompt + output)")
+    a("--max-num-seqs", type=int, default=c.max_num_seqs, help="running sequences per step")
+    a("--max-num-batched-tokens", type=int, default=c.max_num_batched_tokens,
+      help="tokens per step (chunked-prefill budget)")
+    a("--block-size", type=int, default=c.block_size, help="tokens per KV block")
+    a("--num-gpu-blocks", type=int, default=c.num_gpu_blocks, help="KV-cache blocks")
+    a("--output-tokens", type=int, default=c.output_tokens,
+      help="natural completion length (tokens) when max_tokens allows it")
+    a("--mode", choices=["standard", "speculative"], default="standard")
+    a("--num-speculative-tokens", type=int, default=4, help="k draft tokens (speculative mode)")
+    a("--acceptance-rate", type=float, default=pm.acceptance_rate, help="alpha, 0..1")
+    a("--prefill-ms-per-token", type=float, default=pm.prefill_ms_per_token)
+    a("--decode-base-ms", type=float, default=pm.decode_base_ms)
+    a("--decode-per-seq-ms", type=float, default=pm.decode_per_seq_ms)
+    a("--draft-base-ms", type=float, default=pm.draft_base_ms)
+    a("--draft-per-seq-ms", type=float, default=pm.draft_per_seq_ms)
+    a("--time-scale", type=float, default=c.time_scale,
+      help="multiplies every model delay; 0 = no model delay (fault delays are not scaled)")
+    a("--seed", type=int, default=c.seed)
+    a("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction,
+      default=c.enable_prompt_tokens_details, help="usage.prompt_tokens_details.cached_tokens")
+    a("--legacy-error-shape", action="store_true",
+      help='errors as {"object":"error",...} (older vLLM) instead of {"error":{...}}')
+    a("--faults", default=None, help="replica fault script, JSON (see engines.sim.faults)")
+    a("--slow-start-s", type=float, default=c.slow_start_s, help="/health answers 503 until then")
+    a("--crash", action="store_true", help="exit at the first request (fault crash)")
+    return p
+
+
+def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
+    """Parse ``argv`` into a :class:`SimConfig` (exits with a usage error on bad input)."""
+    p = build_parser()
+    ns = p.parse_args(argv)
+    if not 0.0 <= ns.acceptance_rate <= 1.0:
+        p.error("--acceptance-rate must be within 0..1")
+    if ns.time_scale < 0:
+        p.error("--time-scale must be >= 0")
+    try:
+        faults = Faults.model_validate_json(ns.faults) if ns.faults else NO_FAULTS
+    except ValidationError as e:
+        p.error(f"--faults: {e}")
+    if ns.crash:
+        faults = faults.merged(Faults(crash=True))
+    k = ns.num_speculative_tokens if ns.mode == "speculative" else 0
+    perf = PerfModel(
+        prefill_ms_per_token=ns.prefill_ms_per_token,
+        decode_base_ms=ns.decode_base_ms,
+        decode_per_seq_ms=ns.decode_per_seq_ms,
+        draft_base_ms=ns.draft_base_ms,
+        draft_per_seq_ms=ns.draft_per_seq_ms,
+        num_speculative_tokens=k,
+        acceptance_rate=ns.acceptance_rate,
+    )
+    return SimConfig(
+        host=ns.host, port=ns.port, model=ns.model, max_model_len=ns.max_model_len,
+        max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
+        block_size=ns.block_size, num_gpu_blocks=ns.num_gpu_blocks,
+        output_tokens=ns.output_tokens, time_scale=ns.time_scale, seed=ns.seed,
+        enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
+        legacy_error_shape=ns.legacy_error_shape, slow_start_s=ns.slow_start_s,
+        perf=perf, faults=faults,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``speedgate-sim`` and ``python -m engines.sim``."""
+    from engines.sim.server import run
+
+    run(parse_config(argv))

@@ -1,0 +1,255 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: one handler, top-down.
+
+parse -> record -> faults (crash, headers delay, status) -> validate -> tokenise -> plan ->
+schedule (engine, or the fixed ``chunk_interval_s`` clock) -> stream or answer. A client
+disconnect cancels the handler (``handler_cancellation=True``) or fails a write; either way the
+sequences leave the engine and the request counts as aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from engines.sim import protocol as P
+from engines.sim.engine import Job
+from engines.sim.faults import Faults
+from engines.sim.plans import Plan, make_plans
+from engines.sim.responder import respond_full, respond_stream
+from engines.sim.sse import ConnectionReset
+from engines.sim.state import STATE, SimState
+from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat
+
+THREAD_THRESHOLD_CHARS = 200_000  # tokenise larger prompts in a worker thread
+
+
+class RequestError(Exception):
+    """A client error answered with a vLLM-shaped error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_response(state: SimState, faults: Faults | None, status: int, message: str,
+                   param: str | None = None, type_: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    """A vLLM error response (nested, or flat with ``--legacy-error-shape``)."""
+    flat = state.config.legacy_error_shape
+    if faults is not None and faults.error_shape is not None:
+        flat = faults.error_shape == "flat"
+    body = P.error_body(message, status, flat=flat, type_=type_, param=param)
+    return web.Response(status=status, body=body, content_type="application/json",
+                        headers=headers)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/chat/completions``."""
+    return await _handle(request, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/completions``."""
+    return await _handle(request, chat=False)
+
+
+async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        state.record(request, None)
+        return error_response(state, None, 400, f"Invalid JSON in request body: {e}")
+    entry = state.record(request, body)
+    if not isinstance(body, dict):
+        return error_response(state, None, 400, "Request body must be a JSON object")
+    try:
+        own = body.get("sim_faults")
+        faults = state.faults.merged(Faults.model_validate(own) if own is not None else None)
+    except ValidationError as e:
+        return error_response(state, None, 400, f"Invalid sim_faults: {e}", param="sim_faults")
+    if faults.crash:
+        os._exit(1)
+    job: Job | None = None
+    try:
+        if faults.headers_delay_s:
+            await asyncio.sleep(faults.headers_delay_s)
+        if faults.status is not None:
+            headers = None
+            if faults.retry_after is not None:
+                ra = faults.retry_after
+                headers = {"Retry-After": str(int(ra)) if ra == int(ra) else str(ra)}
+            msg = faults.error_message or f"Simulated error {faults.status}"
+            return error_response(state, faults, faults.status, msg, type_=faults.error_type,
+                                  headers=headers)
+        if not state.ready:
+            return error_response(state, faults, 503, "The engine is still loading.")
+        try:
+            prompts, plans = await _prepare(state, body, faults, chat)
+        except RequestError as e:
+            return error_response(state, faults, e.status, e.message, param=e.param)
+        deliveries: AsyncIterator[list[tuple[int, int, bool]]]
+        if faults.chunk_interval_s is not None:
+            deliveries = _clock(plans, faults.chunk_interval_s)
+        else:
+            job = Job()
+            for pl in plans:
+                pr = prompts[pl.index // (len(plans) // len(prompts))]
+                job.add(pl.index, pr.num_tokens, pr.block_hashes, pl.tokens)
+            deliveries = _engine_outputs(state, job, len(plans))
+        ctx = _Ctx(state, chat, prompts, plans, job, faults, body)
+        if body.get("stream"):
+            resp = await respond_stream(request, ctx, deliveries)
+        else:
+            try:
+                resp = await respond_full(request, ctx, deliveries)
+            except ConnectionReset:  # the connection is gone; nothing reaches the client
+                resp = web.Response(status=502)
+        entry["completed"] = not ctx.reset
+        if not ctx.reset:
+            state.counts.completed += 1
+            for pl in plans:
+                state.metrics.finished(pl.finish)
+        return resp
+    except (asyncio.CancelledError, ConnectionResetError):
+        entry["aborted"] = True
+        state.counts.aborted += 1
+        state.metrics.sim_aborted.inc()
+        raise
+    finally:
+        if job is not None:
+            state.engine.abort(job)
+
+
+class _Ctx:
+    """What the responders need about one request."""
+
+    __slots__ = ("body", "chat", "created", "faults", "job", "model", "plans", "prompts",
+                 "reset", "rid", "state")
+
+    def __init__(self, state: SimState, chat: bool, prompts: list[Prompt], plans: list[Plan],
+                 job: Job | None, faults: Faults, body: dict[str, Any]) -> None:
+        self.state, self.chat, self.prompts, self.plans = state, chat, prompts, plans
+        self.job, self.faults, self.body = job, faults, body
+        self.model = state.config.model
+        self.rid = P.random_id("chatcmpl-" if chat else "cmpl-")
+        self.created = int(time.time())
+        self.reset = False
+
+    def usage(self, completion: int | None = None) -> dict[str, Any]:
+        """Usage so far (``completion`` None: every plan's full length)."""
+        prompt = sum(p.num_tokens for p in self.prompts)
+        if completion is None:
+            completion = sum(pl.pos for pl in self.plans)
+        cached = None
+        if self.state.config.enable_prompt_tokens_details:
+            cached = 0
+            if self.job is not None:
+                n = max(1, len(self.plans) // len(self.prompts))
+                cached = sum(s.cached_tokens for s in self.job.seqs if s.index % n == 0)
+        return P.usage(prompt, completion, cached)
+
+
+async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: bool
+                   ) -> tuple[list[Prompt], list[Plan]]:
+    cfg = state.config
+    model = body.get("model")
+    if model is not None and model != cfg.model:
+        raise RequestError(404, f"The model `{model}` does not exist.", "model")
+    texts: list[str] = []
+    ids: list[list[int]] = []
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(400, "'messages' must be a non-empty list", "messages")
+        try:
+            texts.append(render_chat(messages))
+        except ValueError as e:
+            raise RequestError(400, str(e), "messages") from e
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            texts.append(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+            ids.append(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
+            texts.extend(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(x, list) for x in prompt):
+            ids.extend(prompt)
+        else:
+            raise RequestError(400, "'prompt' must be a string, a list of strings or token ids",
+                               "prompt")
+    bs = cfg.block_size
+    prompts: list[Prompt] = []
+    for t in texts:
+        if len(t) > THREAD_THRESHOLD_CHARS:
+            prompts.append(await asyncio.to_thread(analyse, t, bs))
+        else:
+            prompts.append(analyse(t, bs))
+    prompts.extend(analyse_ids(i, bs) for i in ids)
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise RequestError(400, "n must be a positive integer", "n")
+    requested = body.get("max_completion_tokens") if chat else None
+    if requested is None:
+        requested = body.get("max_tokens")
+    if requested is not None and (not isinstance(requested, int) or requested < 1):
+        raise RequestError(400, "max_tokens must be at least 1", "max_tokens")
+    limits: list[int] = []
+    for pr in prompts:
+        room = cfg.max_model_len - pr.num_tokens
+        if (requested is None and room < 1) or (requested is not None and requested > room):
+            asked = pr.num_tokens + (requested or 0)
+            raise RequestError(
+                400,
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
+                f"you requested {asked} tokens ({pr.num_tokens} in the messages, "
+                f"{requested or 0} in the completion). Please reduce the length of the "
+                "messages or completion.",
+                "max_tokens" if requested else "messages",
+            )
+        limits.append(room if requested is None else requested)
+    plans = make_plans(body, prompts, n, limits, cfg.output_tokens, faults, state.textgen, chat)
+    for pl in plans:
+        need = -(-(prompts[pl.index // n].num_tokens + pl.tokens) // bs)
+        if need > cfg.num_gpu_blocks:
+            raise RequestError(400, f"The request needs {need} KV-cache blocks; the engine has "
+                               f"{cfg.num_gpu_blocks}.")
+    return prompts, plans
+
+
+async def _engine_outputs(state: SimState, job: Job, n_plans: int
+                          ) -> AsyncIterator[list[tuple[int, int, bool]]]:
+    state.engine.submit(job)
+    left = n_plans
+    while left:
+        out = await job.next()
+        left -= sum(1 for o in out if o[2])
+        yield out
+
+
+async def _clock(plans: list[Plan], interval: float) -> AsyncIterator[list[tuple[int, int, bool]]]:
+    """One item per choice per tick, ``interval`` seconds apart (fault ``chunk_interval_s``)."""
+    remaining = {pl.index: pl.tokens for pl in plans}
+    first = True
+    while remaining:
+        if not first:
+            await asyncio.sleep(interval)
+        first = False
+        out = []
+        for idx in list(remaining):
+            remaining[idx] -= 1
+            done = remaining[idx] == 0
+            if done:
+                del remaining[idx]
+            out.append((idx, 1, done))
+        yield out

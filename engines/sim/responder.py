@@ -1,0 +1,152 @@
+"""Turn a request's deliveries (``(choice, new tokens, finished)``) into vLLM responses.
+
+Streaming: role chunk per choice (chat), content/tool-call events as tokens arrive (the last
+event of a choice carries ``finish_reason``), the usage chunk (``"choices": []``) when
+``stream_options.include_usage``, then ``data: [DONE]``. Non-streaming: wait for every choice,
+answer one JSON body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from engines.sim import protocol as P
+from engines.sim.plans import Plan
+from engines.sim.sse import MALFORMED, ConnectionReset, EventWriter
+
+if TYPE_CHECKING:
+    from engines.sim.completions import _Ctx
+
+Deliveries = AsyncIterator[list[tuple[int, int, bool]]]
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+
+
+def _events(plan: Plan, items: list[tuple[str, str]], done: bool) -> list[tuple[str, str]]:
+    """Events for newly delivered ``items``: scripted items one each, model text coalesced."""
+    if plan.scripted:
+        evs = list(items)
+    else:
+        text = "".join(t for _, t in items)
+        evs = [("c", text)] if text else []
+    if done and not evs:
+        evs.append(("c", ""))
+    return evs
+
+
+class _Builder:
+    """Builds chunk payloads for one streamed request."""
+
+    def __init__(self, ctx: _Ctx) -> None:
+        self.ctx = ctx
+        so = ctx.body.get("stream_options") or {}
+        self.include_usage = bool(so.get("include_usage")) if isinstance(so, dict) else False
+        self.continuous = self.include_usage and bool(so.get("continuous_usage_stats"))
+        self.call_ids: dict[int, str] = {}
+        self.chunk = P.chat_chunk if ctx.chat else P.text_chunk
+
+    def _usage(self) -> dict[str, Any] | None:
+        return self.ctx.usage() if self.continuous else None
+
+    def role(self, index: int) -> bytes:
+        ctx = self.ctx
+        choice = P.delta_choice(index, {"role": "assistant", "content": ""})
+        return P.chat_chunk(ctx.rid, ctx.created, ctx.model, [choice], self._usage())
+
+    def event(self, index: int, kind: str, text: str, finish: str | None) -> bytes:
+        ctx = self.ctx
+        if not ctx.chat:
+            choice = P.text_choice(index, text, finish)
+        elif kind == "c":
+            choice = P.delta_choice(index, {"content": text}, finish)
+        elif kind == "h":
+            call_id = self.call_ids.setdefault(index, P.random_id("chatcmpl-tool-"))
+            choice = P.delta_choice(index, P.tool_call_header(call_id, text), finish)
+        else:
+            choice = P.delta_choice(index, P.tool_call_args(text), finish)
+        return self.chunk(ctx.rid, ctx.created, ctx.model, [choice], self._usage())
+
+    def usage_chunk(self) -> bytes:
+        ctx = self.ctx
+        return self.chunk(ctx.rid, ctx.created, ctx.model, [], ctx.usage())
+
+
+async def respond_stream(request: web.Request, ctx: _Ctx, deliveries: Deliveries
+                         ) -> web.StreamResponse:
+    """Stream the response as SSE (see the module docstring)."""
+    faults, plans = ctx.faults, ctx.plans
+    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    await resp.prepare(request)
+    w = EventWriter(request, resp, faults)
+    b = _Builder(ctx)
+    try:
+        if faults.ttft_delay_s:
+            await asyncio.sleep(faults.ttft_delay_s)
+        if ctx.chat:
+            for pl in plans:
+                await w.event(b.role(pl.index))
+        if not w.plain:
+            await w.after_content()
+        async for out in deliveries:
+            for idx, n, done in out:
+                pl = plans[idx]
+                items = pl.items[pl.pos : pl.pos + n]
+                pl.pos += n
+                evs = _events(pl, items, done)
+                last = len(evs) - 1
+                for j, (kind, text) in enumerate(evs):
+                    finish = pl.finish if done and j == last else None
+                    await w.content(b.event(idx, kind, text, finish))
+        if b.include_usage:
+            await w.event(b.usage_chunk())
+        await w.done()
+        await resp.write_eof()
+    except ConnectionReset:
+        ctx.reset = True
+    finally:
+        await deliveries.aclose()  # type: ignore[attr-defined]
+    return resp
+
+
+async def respond_full(request: web.Request, ctx: _Ctx, deliveries: Deliveries) -> web.Response:
+    """Wait for every choice and answer one JSON body; stream faults act on the whole body."""
+    faults, plans = ctx.faults, ctx.plans
+    try:
+        if faults.ttft_delay_s:
+            await asyncio.sleep(faults.ttft_delay_s)
+        async for out in deliveries:
+            for idx, n, _done in out:
+                plans[idx].pos += n
+    finally:
+        await deliveries.aclose()  # type: ignore[attr-defined]
+    if faults.stall_after_chunks is not None and faults.stall_s:
+        await asyncio.sleep(faults.stall_s)
+    if faults.reset_after_chunks is not None:
+        ctx.reset = True
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionReset
+    if faults.malformed_after_chunks is not None:
+        return web.Response(body=MALFORMED[len(b"data: ") :], content_type="application/json")
+    if ctx.chat:
+        choices = [_chat_choice(pl) for pl in plans]
+        body = P.chat_response(ctx.rid, ctx.created, ctx.model, choices, ctx.usage())
+    else:
+        choices = [P.text_choice(pl.index, "".join(t for _, t in pl.items), pl.finish)
+                   | {"prompt_logprobs": None} for pl in plans]
+        body = P.text_response(ctx.rid, ctx.created, ctx.model, choices, ctx.usage())
+    return web.Response(body=body, content_type="application/json")
+
+
+def _chat_choice(pl: Plan) -> dict[str, Any]:
+    content = "".join(t for k, t in pl.items if k == "c")
+    name = next((t for k, t in pl.items if k == "h"), None)
+    if name is None:
+        return P.chat_message_choice(pl.index, content, pl.finish)
+    args = "".join(t for k, t in pl.items if k == "a")
+    call = {"id": P.random_id("chatcmpl-tool-"), "type": "function",
+            "function": {"name": name, "arguments": args}}
+    return P.chat_message_choice(pl.index, content or None, pl.finish, [call])

@@ -1,0 +1,171 @@
+"""The aiohttp application: OpenAI endpoints, health, metrics, and the ``/sim`` control plane.
+
+Endpoints (vLLM's paths and shapes): ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models``, ``GET /health`` (200 empty; 503 during ``--slow-start-s``), ``GET /metrics``.
+Test/inspection: ``GET /sim/requests`` (last 32 requests received), ``POST|DELETE /sim/faults``
+(replica fault script), ``GET /sim/stats``, ``POST /sim/reset``.
+
+Served by ``web.AppRunner(app, handler_cancellation=True)`` so a client disconnect cancels the
+handler, streaming or not (see :func:`serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+from pydantic import ValidationError
+
+from engines.sim import protocol as P
+from engines.sim.completions import chat_completions, completions, error_response
+from engines.sim.config import SimConfig
+from engines.sim.faults import NO_FAULTS, Faults
+from engines.sim.metrics import CONTENT_TYPE
+from engines.sim.state import STATE, Counts, SimState
+
+READY_LINE = "SPEEDGATE_SIM_READY port={port}"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def crash_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Fault ``crash``: the process exits at once when the next (non-control) request arrives."""
+    if request.app[STATE].faults.crash and not request.path.startswith("/sim/"):
+        os._exit(1)
+    return await handler(request)
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /health``: 200 with an empty body when ready, 503 while starting."""
+    return web.Response(status=200 if request.app[STATE].ready else 503)
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``."""
+    st = request.app[STATE]
+    body = P.models_list(st.config.model, st.created, st.config.max_model_len)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``: Prometheus text exposition."""
+    st = request.app[STATE]
+    data = st.metrics.render(st.engine.num_running, st.engine.num_waiting, st.cache.usage)
+    return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def sim_requests(request: web.Request) -> web.Response:
+    """``GET /sim/requests``: the last 32 requests received, oldest first."""
+    return _json(list(request.app[STATE].log))
+
+
+async def sim_set_faults(request: web.Request) -> web.Response:
+    """``POST /sim/faults``: replace this replica's fault script."""
+    st = request.app[STATE]
+    try:
+        st.faults = Faults.model_validate_json(await request.read() or b"{}")
+    except ValidationError as e:
+        return error_response(st, None, 400, f"Invalid faults: {e}")
+    return _json(st.faults.model_dump(exclude_unset=True))
+
+
+async def sim_clear_faults(request: web.Request) -> web.Response:
+    """``DELETE /sim/faults``: clear this replica's fault script."""
+    request.app[STATE].faults = NO_FAULTS
+    return _json({})
+
+
+async def sim_get_faults(request: web.Request) -> web.Response:
+    """``GET /sim/faults``: the replica's fault script (set fields only)."""
+    return _json(request.app[STATE].faults.model_dump(exclude_unset=True))
+
+
+async def sim_stats(request: web.Request) -> web.Response:
+    """``GET /sim/stats``: request counters and the engine's running/waiting sequences."""
+    st = request.app[STATE]
+    c = st.counts
+    return _json({
+        "requests": c.requests, "aborted": c.aborted, "completed": c.completed,
+        "running": st.engine.num_running, "waiting": st.engine.num_waiting,
+        "kv_cache_usage": st.cache.usage, "prefix_cache_queries": st.cache.queries,
+        "prefix_cache_hits": st.cache.hits,
+    })
+
+
+async def sim_reset(request: web.Request) -> web.Response:
+    """``POST /sim/reset``: clear counters, the request log and the (unused) KV cache blocks."""
+    st = request.app[STATE]
+    st.counts = Counts()
+    st.log.clear()
+    st.cache.clear()
+    return _json({})
+
+
+def build_app(config: SimConfig) -> web.Application:
+    """The simulator application for ``config`` (the engine loop starts with the app)."""
+    app = web.Application(middlewares=[crash_middleware], client_max_size=1024**3)
+    state = SimState.from_config(config)
+    app[STATE] = state
+
+    async def engine_ctx(_app: web.Application):
+        state.engine.start()
+        yield
+        await state.engine.stop()
+
+    app.cleanup_ctx.append(engine_ctx)
+    r = app.router
+    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/v1/completions", completions)
+    r.add_get("/v1/models", models)
+    r.add_get("/health", health)
+    r.add_get("/metrics", metrics)
+    r.add_get("/sim/requests", sim_requests)
+    r.add_get("/sim/faults", sim_get_faults)
+    r.add_post("/sim/faults", sim_set_faults)
+    r.add_delete("/sim/faults", sim_clear_faults)
+    r.add_get("/sim/stats", sim_stats)
+    r.add_post("/sim/reset", sim_reset)
+    return app
+
+
+async def serve(config: SimConfig, stop: asyncio.Event | None = None) -> None:
+    """Serve ``config`` until ``stop`` is set (or forever); prints the ready line with the port."""
+    app = build_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096)
+    await site.start()
+    port = config.port
+    for addr in runner.addresses:
+        if isinstance(addr, tuple):
+            port = addr[1]
+            break
+    print(READY_LINE.format(port=port), flush=True)
+    try:
+        await (stop or asyncio.Event()).wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+
+
+def run(config: SimConfig) -> None:
+    """Run :func:`serve` on uvloop when available."""
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None  # type: ignore[assignment]
+    with contextlib.suppress(KeyboardInterrupt):
+        if uvloop is not None and sys.platform != "win32":
+            uvloop.run(serve(config))
+        else:
+            asyncio.run(serve(config))
