@@ -29,17 +29,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_simulator(port: int, mode: str, time_scale: float, seed: int) -> subprocess.Popen:
-    """Start one engine simulator serving ``MODEL`` on ``port`` (``mode``: standard |
-    speculative). Its output goes to this process's stderr."""
+def start_simulator(
+    port: int,
+    mode: str,
+    time_scale: float,
+    seed: int,
+    extra_args: tuple[str, ...] = (),
+    model: str = MODEL,
+) -> subprocess.Popen:
+    """Start one engine simulator serving ``model`` on ``port`` (``mode``: standard |
+    speculative; ``extra_args``: more ``engines.sim`` flags). Its stderr is inherited."""
     cmd = [
         sys.executable, "-m", "engines.sim",
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--served-model-name", MODEL,
+        "--served-model-name", model,
         "--mode", mode,
         "--time-scale", str(time_scale),
         "--seed", str(seed),
+        *extra_args,
     ]
     return subprocess.Popen(
         cmd, start_new_session=True, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent

@@ -8,7 +8,10 @@ from gateway.errors import InvalidRequest
 
 
 def test_model_spliced_bytes_otherwise_identical():
-    raw = b'{"model": "m",  "messages":[{"role":"user","content":"say \\"model\\": \\"m\\""}],"top_k":5}'
+    raw = (
+        b'{"model": "m",  "messages":[{"role":"user","content":"say \\"model\\": \\"m\\""}],'
+        b'"top_k":5}'
+    )
     out = upstream_body(parse_body(raw, "chat"), "served", add_usage=False)
     assert out == raw.replace(b'"model": "m"', b'"model": "served"')
     assert orjson.loads(out)["messages"][0]["content"] == 'say "model": "m"'

@@ -1,0 +1,145 @@
+"""A real stack for end-to-end tests: simulator replicas and a gateway, as processes.
+
+``Stack.start()`` launches ``n`` simulators per tier on free ports, writes a gateway config and
+runs ``python -m gateway serve`` on it; ``stop()`` terminates every process group (the children
+also get SIGTERM if the test process dies: ``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from gateway.demo import die_with_parent, free_port, start_simulator, stop_processes, wait_healthy
+
+MODEL = "mymodel"
+
+
+@dataclass
+class Stack:
+    """Handles on a running stack: ``base_url`` of the gateway, simulator URLs per tier."""
+
+    tmp: Path
+    replicas_per_tier: int = 2
+    timeouts: dict = field(
+        default_factory=lambda: {"connect_s": 2, "ttft_s": 5, "stall_s": 3, "total_s": 60}
+    )
+    sim_args: tuple[str, ...] = ("--time-scale", "0.02")
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    sims: dict[str, list[str]] = field(default_factory=dict)
+    base_url: str = ""
+    gateway: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    def start(self) -> Stack:
+        try:
+            seed = 0
+            for tier, mode in (("standard", "standard"), ("fast", "speculative")):
+                self.sims[tier] = []
+                for _ in range(self.replicas_per_tier):
+                    port = free_port()
+                    p = start_simulator(port, mode, 1.0, seed, self.sim_args)
+                    self.procs.append(p)
+                    self.sims[tier].append(f"http://127.0.0.1:{port}")
+                    seed += 1
+            for p, url in zip(self.procs, self.sims["standard"] + self.sims["fast"], strict=True):
+                wait_healthy(url, p)
+            port = free_port()
+            cfg = {
+                "server": {"port": port, "max_body_bytes": 8 * 1024 * 1024},
+                "health": {"interval_s": 0.5, "timeout_s": 1},
+                "models": {
+                    MODEL: {
+                        "aliases": {f"{MODEL}-fast": "fast", f"{MODEL}-auto": "auto"},
+                        "fallback": {"fast": "standard"},
+                        "tiers": {
+                            tier: {
+                                "served_model_name": MODEL,
+                                "endpoints": urls,
+                                "timeouts": self.timeouts,
+                            }
+                            for tier, urls in self.sims.items()
+                        },
+                    }
+                },
+            }
+            cfg_path = self.tmp / "gateway.yaml"
+            cfg_path.write_text(yaml.safe_dump(cfg))
+            self.log_path = self.tmp / "gateway.log"
+            log = self.log_path.open("wb")
+            self.gateway = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "serve", "-c", str(cfg_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            self.procs.append(self.gateway)
+            self.base_url = f"http://127.0.0.1:{port}"
+            self._wait_gateway()
+            return self
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_gateway(self, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        assert self.gateway is not None
+        while time.monotonic() < deadline:
+            if self.gateway.poll() is not None:
+                raise RuntimeError("gateway exited:\n" + self.log())
+            try:
+                with urllib.request.urlopen(self.base_url + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("gateway not up:\n" + self.log())
+
+    def log(self) -> str:
+        """The gateway's output so far (access log lines included)."""
+        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        stop_processes(self.procs)
+
+    def all_sims(self) -> list[str]:
+        return [u for urls in self.sims.values() for u in urls]
+
+    def reset_sims(self) -> None:
+        """Clear stats, request logs, KV caches and replica faults of every simulator."""
+        with httpx.Client(timeout=5) as c:
+            for u in self.all_sims():
+                c.post(u + "/sim/reset").raise_for_status()
+                c.delete(u + "/sim/faults").raise_for_status()
+
+    def sim_requests(self, tier: str | None = None) -> list[dict]:
+        """Requests the simulators received (tier's replicas, or all), oldest first."""
+        out: list[dict] = []
+        with httpx.Client(timeout=5) as c:
+            for t, urls in self.sims.items():
+                if tier is None or t == tier:
+                    for u in urls:
+                        out.extend(c.get(u + "/sim/requests").json())
+        return out
+
+    def sim_stats(self, tier: str | None = None) -> dict[str, int]:
+        """Summed ``/sim/stats`` counters of the tier's replicas (or all)."""
+        total: dict[str, int] = {}
+        with httpx.Client(timeout=5) as c:
+            for t, urls in self.sims.items():
+                if tier is None or t == tier:
+                    for u in urls:
+                        for k, v in c.get(u + "/sim/stats").json().items():
+                            if isinstance(v, int | float):
+                                total[k] = total.get(k, 0) + v
+        return total
