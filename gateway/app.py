@@ -27,6 +27,7 @@ from gateway.config import GatewayConfig, load_config
 from gateway.errors import GatewayError
 from gateway.handler import CompletionsEndpoint
 from gateway.health import HealthChecker
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.pools import PoolRegistry
 from gateway.state import GatewayState
 from gateway.tiers import ModelIndex
@@ -74,13 +75,14 @@ def create_app(config: GatewayConfig) -> FastAPI:
     the app's lifespan (inside the server's event loop) and stop with it."""
     pools = PoolRegistry(config)
     models = ModelIndex(config)
+    metrics = GatewayMetrics(pools)
     holder: dict[str, GatewayState] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upstream = Upstream(config.upstream)
         health = HealthChecker(config.health, pools, upstream)
-        state = GatewayState(config, models, pools, upstream, health)
+        state = GatewayState(config, models, pools, upstream, health, metrics)
         holder["state"] = state
         app.state.gateway = state
         health.start()
@@ -152,6 +154,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 ready = False
         return _json(200 if ready else 503, {"status": "ready" if ready else "not_ready",
                                              "models": report})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -90,7 +90,9 @@ class CompletionsEndpoint:
         finally:
             # 5. account
             rec.e2e_s = time.monotonic() - rec.t_start
-            log_request(rec)
+            self.state.metrics.observe(rec)
+            if self.state.config.server.access_log:
+                log_request(rec)
 
     async def _open(self, plan: Plan, body: ParsedBody, rec: RequestRecord) -> OpenedResponse:
         """Try the pools of the plan's chain in order until one answers (DESIGN §7: only before

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gateway.config import GatewayConfig
 from gateway.health import HealthChecker
+from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolRegistry
 from gateway.tiers import ModelIndex
 from gateway.upstream import Upstream
@@ -13,10 +14,11 @@ from gateway.upstream import Upstream
 
 @dataclass(slots=True)
 class GatewayState:
-    """Everything a request needs: config, name index, pools, the upstream client, health."""
+    """Everything a request needs: config, name index, pools, upstream client, health, metrics."""
 
     config: GatewayConfig
     models: ModelIndex
     pools: PoolRegistry
     upstream: Upstream
     health: HealthChecker
+    metrics: GatewayMetrics

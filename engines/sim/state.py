@@ -66,7 +66,7 @@ class SimState:
         """Log a received request (``GET /sim/requests``) and count it."""
         entry = {
             "path": request.path,
-            "headers": dict(request.headers),
+            "headers": {k.lower(): v for k, v in request.headers.items()},  # names lowercased
             "body": body,
             "aborted": False,
             "completed": False,

@@ -32,7 +32,10 @@ class Stack:
     timeouts: dict = field(
         default_factory=lambda: {"connect_s": 2, "ttft_s": 5, "stall_s": 3, "total_s": 60}
     )
-    sim_args: tuple[str, ...] = ("--time-scale", "0.02")
+    # 1M-token context like the served model; KV room for one full-length conversation
+    sim_args: tuple[str, ...] = (
+        "--time-scale", "0.02", "--max-model-len", "1048576", "--num-gpu-blocks", "70000"
+    )
     procs: list[subprocess.Popen] = field(default_factory=list)
     sims: dict[str, list[str]] = field(default_factory=dict)
     base_url: str = ""
