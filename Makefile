@@ -1,0 +1,40 @@
+# speedgate: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-unit test-e2e lint bench bench-clients clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install speedgate with its dev extras
+
+demo: $(STAMP)  ## simulated standard + fast pools and a gateway on http://127.0.0.1:8080
+	$(BIN)/speedgate demo --port $${PORT:-8080}
+
+test: $(STAMP)  ## lint + the whole test suite (unit, simulator, end to end)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+test-e2e: $(STAMP)
+	$(BIN)/pytest -q tests/e2e
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)  ## gateway overhead vs direct-to-engine (prints a table)
+	$(BIN)/python -m loadtests.bench_overhead
+
+bench-clients: $(STAMP)  ## aiohttp vs httpx as the upstream client
+	$(BIN)/python -m loadtests.bench_http_clients
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
