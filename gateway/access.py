@@ -30,6 +30,7 @@ class RequestRecord:
     replica: str | None = None
     stream: bool = False
     attempts: int = 0
+    retries: list[str] = field(default_factory=list)
     status: int = 0
     outcome: str | None = None
     usage: Usage | None = None

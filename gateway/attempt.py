@@ -1,11 +1,11 @@
 """One upstream attempt with staged timeouts, up to the point where the client can be answered.
 
-For a stream that point is the first data event (headers are not a first token); for a
-non-stream request it is the whole JSON body. Until then a failure is ``RetryableFailure`` (the
-caller may try another replica or pool) unless it is the client's fault (engine 4xx other than
-408/429: raised as is) or the request's total deadline expired (``UpstreamTimeout("total")``).
-The replica's in-flight count is held from the start of the attempt until
-``OpenedResponse.close()``.
+For a stream that point is the first content event (headers and the role chunk are not a first
+token); for a non-stream request it is the whole JSON body. Until then a failure is
+``RetryableFailure`` (the caller may try another replica or pool) unless it is the client's
+fault (engine 4xx other than 408/429: raised as is) or the request's total deadline expired
+(``UpstreamTimeout("total")``). The replica's in-flight count is held from the start of the
+attempt until ``OpenedResponse.close()``.
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ class RetryableFailure(Exception):
         self.reason = reason
         self.error = error
 
+    @property
+    def replica_fault(self) -> bool:
+        """True when the failure says the replica is unhealthy (for outlier ejection); a 429
+        or 408 says it is busy, not broken."""
+        return self.reason not in ("http-429", "http-408")
+
 
 @dataclass(slots=True)
 class Attempt:
@@ -58,14 +64,15 @@ class Attempt:
 
 @dataclass(slots=True, eq=False)
 class OpenedResponse:
-    """A successful attempt: for streams the ``first`` data event and the ``events`` iterator
-    that continues after it; for JSON the parsed ``doc``. ``ttft_s``: seconds from send to the
-    first event (streams) or to the complete body."""
+    """A successful attempt: for streams the events up to the first content event (``head``:
+    e.g. the role chunk, then the content event) and the ``events`` iterator that continues
+    after it; for JSON the parsed ``doc``. ``ttft_s``: seconds from send to the first content
+    event (streams) or to the complete body."""
 
     attempt: Attempt
     response: UpstreamResponse
     ttft_s: float
-    first: SSEEvent | None = None
+    head: list[SSEEvent] | None = None
     events: AsyncIterator[SSEEvent] | None = None
     doc: dict | None = None
     _closed: bool = False
@@ -81,12 +88,13 @@ class OpenedResponse:
 
 
 async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
-    """Send the attempt and wait for its first data event (stream) or its body (JSON).
+    """Send the attempt and wait for its first content event (stream) or its body (JSON).
 
-    Timeouts (``pool.config.timeouts``): ``connect_s`` for the TCP connect; ``ttft_s`` from send
-    to first data event (streams only: a non-stream response has no first token); the total
-    deadline for everything. Raises ``RetryableFailure``, ``UpstreamTimeout`` (total deadline),
-    or the engine's 4xx as ``EngineClientError``.
+    Timeouts (``pool.config.timeouts``): ``connect_s`` for the TCP connect; ``ttft_s`` from
+    send to the first content event (streams only: a non-stream response has no first token;
+    a role chunk or a comment is not content); the total deadline for everything. Raises
+    ``RetryableFailure``, ``UpstreamTimeout`` (total deadline), or the engine's 4xx as
+    ``EngineClientError``.
     """
     loop = asyncio.get_running_loop()
     timeouts = attempt.pool.config.timeouts
@@ -107,14 +115,15 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
             resp = await upstream.post(url, attempt.payload, headers, timeouts.connect_s)
             if resp.status != 200:
                 err = parse_engine_error(resp.status, await resp.read(MAX_ERROR_BODY_BYTES))
+                err.retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
                 if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
                     raise RetryableFailure(f"http-{resp.status}", err)
                 raise err
             if attempt.stream:
                 events = resp.events()
-                first = await _first_data_event(events)
+                head = await _read_until_content(events)
                 return OpenedResponse(
-                    attempt, resp, time.monotonic() - t_sent, first=first, events=events
+                    attempt, resp, time.monotonic() - t_sent, head=head, events=events
                 )
             raw = await resp.read()
             doc = _json_object(raw)
@@ -140,16 +149,51 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
         raise
 
 
-async def _first_data_event(events: AsyncIterator[SSEEvent]) -> SSEEvent:
-    """The first event that carries data (comments are skipped). A payload that is neither
-    ``[DONE]`` nor a JSON object is a malformed stream."""
+async def _read_until_content(events: AsyncIterator[SSEEvent]) -> list[SSEEvent]:
+    """Data events up to and including the first content event (comments dropped). Until
+    then nothing is sent to the client, so a failure here can still be retried. A payload
+    that is neither ``[DONE]`` nor a JSON object is a malformed stream."""
+    head: list[SSEEvent] = []
     async for ev in events:
         if ev.data is None:
             continue
-        if not ev.is_done:
-            _json_object(ev.data)
-        return ev
-    raise UpstreamBrokenError("stream ended before the first event")
+        head.append(ev)
+        if ev.is_done or is_content(_json_object(ev.data)):
+            return head
+    raise UpstreamBrokenError("stream ended before the first content event")
+
+
+def is_content(doc: dict) -> bool:
+    """True for a chunk that carries output the client must not see twice: text, a tool
+    call, a finish reason, usage (``choices: []``) or an in-band error."""
+    if "error" in doc:
+        return True
+    choices = doc.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return True
+    for c in choices:
+        if not isinstance(c, dict):
+            return True
+        if c.get("finish_reason") is not None or c.get("text"):
+            return True
+        delta = c.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
+            or delta.get("refusal")
+        ):
+            return True
+    return False
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (the delta-seconds form; an HTTP date is ignored)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
 
 
 def _json_object(raw: bytes) -> dict:

@@ -66,12 +66,39 @@ class Prices(_Strict):
     output_per_mtok_usd: float = Field(0.0, ge=0)
 
 
+class RetryConfig(_Strict):
+    """Retries within a pool, each on a different replica, only before anything reached the
+    client. Backoff: full jitter (uniform(0, min(max, base × 2^n))). Budget: retries in the last
+    ``budget_window_s`` ≤ ``budget_percent`` % of the pool's requests + ``budget_min_retries``
+    (Envoy's retry budget)."""
+
+    max_attempts: int = Field(3, ge=1, description="attempts per pool (first try included)")
+    backoff_base_s: float = Field(0.025, ge=0)
+    backoff_max_s: float = Field(1.0, ge=0)
+    budget_percent: float = Field(20.0, ge=0, le=100)
+    budget_min_retries: int = Field(3, ge=0)
+    budget_window_s: float = Field(10.0, gt=0)
+
+
+class OutlierConfig(_Strict):
+    """Passive outlier ejection (Envoy's ``outlier_detection``): see ``gateway.outlier``."""
+
+    enabled: bool = True
+    consecutive_failures: int = Field(5, ge=1, description="Envoy's consecutive_5xx default")
+    base_ejection_s: float = Field(30.0, gt=0, description="Envoy's base_ejection_time default")
+    max_ejection_s: float = Field(300.0, gt=0)
+    max_ejection_percent: float = Field(50.0, ge=0, le=100)
+    probation_successes: int = Field(3, ge=1)
+
+
 class PoolConfig(_Strict):
     """One engine pool: the replicas serving one model at one tier."""
 
     endpoints: list[AnyHttpUrl] = Field(min_length=1)
     served_model_name: str = Field(min_length=1)
     timeouts: Timeouts = Timeouts()
+    retry: RetryConfig = RetryConfig()
+    outlier: OutlierConfig = OutlierConfig()
     prices: Prices = Prices()
     max_inflight_per_replica: int = Field(
         0, ge=0, description="Replicas at this many in-flight requests are skipped; 0 = no cap."

@@ -26,9 +26,12 @@ from gateway.asgi import (
 )
 from gateway.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
 from gateway.body import ParsedBody, parse_body, upstream_body
-from gateway.errors import GatewayError, NoHealthyReplica
+from gateway.deadline import header_timeout_s, total_timeout_s
+from gateway.errors import GatewayError, NoHealthyReplica, UpstreamTimeout
 from gateway.plan import Plan, plan_request
+from gateway.pools import Replica
 from gateway.relay import SSE_HEADERS, ChunkRewriter, relay_events
+from gateway.retry import full_jitter_backoff_s
 from gateway.routing import pick_least_inflight
 from gateway.state import GatewayState
 from gateway.tiers import TIER_TO_SERVICE_TIER
@@ -66,10 +69,13 @@ class CompletionsEndpoint:
                 body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
             )
             plan = plan_request(treq, self.state.pools)
+            timeout_s = header_timeout_s(
+                header(scope, b"x-speedgate-timeout"), header(scope, b"x-stainless-timeout")
+            )
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
             async with DisconnectWatch(receive):
                 # 3. attempt
-                opened = await self._open(plan, body, rec)
+                opened = await self._open(plan, body, rec, timeout_s)
                 try:
                     # 4. relay
                     await self._respond(tracked_send, plan, opened, body, rec)
@@ -94,9 +100,12 @@ class CompletionsEndpoint:
             if self.state.config.server.access_log:
                 log_request(rec)
 
-    async def _open(self, plan: Plan, body: ParsedBody, rec: RequestRecord) -> OpenedResponse:
-        """Try the pools of the plan's chain in order until one answers (DESIGN §7: only before
-        anything reached the client). Raises the last failure when none does."""
+    async def _open(
+        self, plan: Plan, body: ParsedBody, rec: RequestRecord, timeout_s: float | None
+    ) -> OpenedResponse:
+        """Try the pools of the plan's chain in order, each at most ``retry.max_attempts``
+        times on different replicas, until one answers (DESIGN §7: only before anything reached
+        the client). Raises the last failure when none does."""
         add_usage = body.stream and not body.client_wants_usage
         payloads: dict[str, bytes] = {}
         loop = asyncio.get_running_loop()
@@ -105,37 +114,60 @@ class CompletionsEndpoint:
         last: GatewayError | None = None
         deadline: float | None = None
         for pool in plan.chain:
-            timeouts = pool.config.timeouts
             if deadline is None:  # the first pool's total timeout bounds the whole request
-                deadline = loop.time() + timeouts.total_s
-            replica = pick_least_inflight(pool.usable())
-            if replica is None:
-                reasons.append(f"{pool.tier}:no-healthy-replica")
-                continue
+                deadline = loop.time() + total_timeout_s(pool.config.timeouts.total_s, timeout_s)
             served = pool.config.served_model_name
             if served not in payloads:
                 payloads[served] = upstream_body(body, served, add_usage=add_usage)
-            rec.attempts += 1
-            attempt = Attempt(
-                pool=pool,
-                replica=replica,
-                payload=payloads[served],
-                path=self.path,
-                request_id=rec.request_id,
-                stream=body.stream,
-                deadline=deadline,
-            )
-            try:
-                opened = await open_attempt(self.state.upstream, attempt)
-            except RetryableFailure as f:
-                reasons.append(f"{pool.tier}:{f.reason}")
-                last = f.error
-                continue
-            rec.served_tier, rec.replica = pool.tier, replica.safe_url
-            rec.ttft_s = opened.ttft_s
-            if pool.tier != plan.request.tier or reasons:
-                rec.fallback = ",".join(reasons) or None
-            return opened
+            pool.budget.record_request(loop.time())
+            tried: list[Replica] = []
+            for n in range(pool.config.retry.max_attempts):
+                replica = pick_least_inflight(pool.usable(loop.time()), exclude=tried)
+                if replica is None:
+                    reasons.append(f"{pool.tier}:no-usable-replica")
+                    break
+                if n > 0:
+                    if not pool.budget.try_acquire(loop.time()):
+                        reasons.append(f"{pool.tier}:retry-budget-exhausted")
+                        break
+                    assert last is not None
+                    if last.retry_after_s is None:  # a 429's Retry-After is that replica's
+                        pause = full_jitter_backoff_s(n, pool.config.retry)
+                        if loop.time() + pause >= deadline:
+                            break
+                        await asyncio.sleep(pause)
+                    rec.retries.append(reasons[-1])
+                tried.append(replica)
+                rec.attempts += 1
+                attempt = Attempt(
+                    pool=pool,
+                    replica=replica,
+                    payload=payloads[served],
+                    path=self.path,
+                    request_id=rec.request_id,
+                    stream=body.stream,
+                    deadline=deadline,
+                )
+                try:
+                    opened = await open_attempt(self.state.upstream, attempt)
+                except RetryableFailure as f:
+                    reasons.append(f"{pool.tier}:{f.reason}")
+                    last = f.error
+                    if f.replica_fault:
+                        pool.record_failure(replica, loop.time())
+                    continue
+                except UpstreamTimeout:  # the total deadline: nothing more to try
+                    pool.record_failure(replica, loop.time())
+                    rec.fallback = ",".join(reasons) or None
+                    raise
+                pool.record_success(replica)
+                rec.served_tier, rec.replica = pool.tier, replica.safe_url
+                rec.ttft_s = opened.ttft_s
+                if pool.tier != plan.request.tier or reasons:
+                    rec.fallback = ",".join(reasons) or None
+                return opened
+            if loop.time() >= deadline:
+                break
         rec.fallback = ",".join(reasons) or None
         if last is None:
             raise NoHealthyReplica(
@@ -164,11 +196,11 @@ class CompletionsEndpoint:
             rec.outcome = "ok"
             await send_response(send, 200, rewriter.body(opened.doc), headers)
             return
-        assert opened.first is not None and opened.events is not None
+        assert opened.head is not None and opened.events is not None
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
         result = await relay_events(
             send,
-            opened.first,
+            opened.head,
             opened.events,
             rewriter,
             strip_usage=not body.client_wants_usage,
@@ -178,7 +210,14 @@ class CompletionsEndpoint:
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         rec.usage = result.usage
-        rec.outcome = "ok" if result.ok else (result.error.code if result.error else "error")
+        if result.ok:
+            rec.outcome = "ok"
+        else:
+            assert result.error is not None
+            rec.outcome = result.error.code
+            if isinstance(result.error, UpstreamTimeout) and result.error.stage == "total":
+                return  # the deadline expired: not the replica's fault
+            pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
 
     @staticmethod
     def _tier_headers(rec: RequestRecord) -> list[tuple[bytes, bytes]]:

@@ -8,6 +8,7 @@ standard pool.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from gateway.config import Tier
@@ -58,7 +59,7 @@ def _choose_auto(req: TierRequest, pools: PoolRegistry) -> tuple[Tier, str]:
         return ("fast", "auto-no-standard-pool")
     fast = pools.get(req.model_name, "fast")
     assert fast is not None
-    usable = fast.usable()
+    usable = fast.usable(time.monotonic())
     if not usable:
         return ("standard", "auto-fast-unavailable")
     mean_inflight = sum(r.inflight for r in usable) / len(usable)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from gateway.config import GatewayConfig, PoolConfig, Tier
+from gateway.outlier import OutlierState, max_ejected, record_failure, record_success
+from gateway.retry import RetryBudget
 from gateway.urls import redact_url
+
+log = logging.getLogger("speedgate.pools")
 
 
 @dataclass(slots=True, eq=False)
@@ -13,7 +18,8 @@ class Replica:
     """One engine server. ``url`` is its base URL (may carry credentials: log ``safe_url``).
 
     ``inflight`` counts requests this gateway has open to it (incremented when an attempt
-    starts, decremented on every exit path). ``healthy`` comes from active ``/health`` probes.
+    starts, decremented on every exit path). ``healthy`` comes from active ``/health`` probes,
+    ``outlier`` from passive ejection (``gateway.outlier``).
     """
 
     url: str
@@ -23,6 +29,7 @@ class Replica:
     consecutive_probe_failures: int = 0
     consecutive_probe_successes: int = 0
     safe_url: str = ""
+    outlier: OutlierState = field(default_factory=OutlierState)
 
     def __post_init__(self) -> None:
         self.safe_url = redact_url(self.url)
@@ -36,16 +43,49 @@ class Pool:
     tier: Tier
     config: PoolConfig
     replicas: list[Replica] = field(default_factory=list)
+    budget: RetryBudget = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.budget = RetryBudget(self.config.retry)
 
     @property
     def key(self) -> str:
         """``model/tier``, the pool's name in logs and metrics."""
         return f"{self.model}/{self.tier}"
 
-    def usable(self) -> list[Replica]:
-        """Healthy replicas below the pool's ``max_inflight_per_replica`` cap (0 = no cap)."""
+    def usable(self, now: float) -> list[Replica]:
+        """Replicas that are healthy, not ejected at ``now`` (monotonic s) and below the pool's
+        ``max_inflight_per_replica`` cap (0 = no cap)."""
         cap = self.config.max_inflight_per_replica
-        return [r for r in self.replicas if r.healthy and (cap == 0 or r.inflight < cap)]
+        return [
+            r
+            for r in self.replicas
+            if r.healthy
+            and not r.outlier.is_ejected(now)
+            and (cap == 0 or r.inflight < cap)
+        ]
+
+    def record_success(self, replica: Replica) -> None:
+        """Feed a successful attempt to outlier detection."""
+        record_success(replica.outlier, self.config.outlier)
+
+    def record_failure(self, replica: Replica, now: float) -> bool:
+        """Feed a failed attempt (connect error, 5xx, timeout, broken stream) to outlier
+        detection; True when it ejected the replica."""
+        cfg = self.config.outlier
+        if not cfg.enabled:
+            return False
+        ejected_now = sum(r.outlier.is_ejected(now) for r in self.replicas)
+        may_eject = ejected_now < max_ejected(len(self.replicas), cfg)
+        if record_failure(replica.outlier, cfg, now, may_eject):
+            log.warning(
+                "replica %s (%s) ejected for %.0fs after repeated failures",
+                replica.safe_url,
+                self.key,
+                replica.outlier.ejected_until - now,
+            )
+            return True
+        return False
 
     def has_healthy(self) -> bool:
         """True when at least one replica passes its health probes."""

@@ -110,7 +110,7 @@ def error_event(err: GatewayError) -> bytes:
 
 async def relay_events(
     send: Any,
-    first: SSEEvent,
+    head: list[SSEEvent],
     events: AsyncIterator[SSEEvent],
     rewriter: ChunkRewriter,
     *,
@@ -119,7 +119,8 @@ async def relay_events(
     total_s: float,
     deadline: float,
 ) -> StreamResult:
-    """Send ``first`` and every following event to the client as soon as each is complete.
+    """Send the ``head`` events (read before the attempt was committed) and every following
+    event to the client as soon as each is complete.
 
     ``stall_s``: longest allowed gap between events (seconds); ``deadline``: loop time at which
     the total deadline (``total_s`` after the request arrived) expires. On a broken upstream, a
@@ -147,9 +148,10 @@ async def relay_events(
         return False
 
     try:
-        if await emit(first):
-            result.ok = True
-            return result
+        for ev in head:
+            if await emit(ev):
+                result.ok = True
+                return result
         async with asyncio.timeout(min(loop.time() + stall_s, deadline)) as cm:
             async for ev in events:
                 if await emit(ev):

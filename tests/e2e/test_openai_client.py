@@ -529,12 +529,12 @@ def test_model_rewritten_and_unknown_fields_pass_through(
     else:
         assert resp.service_tier == "priority"
     body = only_engine_request(stack, "fast")["body"]
-    expected = {
-        "model": "mymodel", "messages": MESSAGES, "max_tokens": 4, "top_k": 5,
-        "ignore_eos": False,
+    expected = {  # what the client sent (it always sends "stream"), model rewritten
+        "model": "mymodel", "messages": MESSAGES, "max_tokens": 4, "stream": stream,
+        "top_k": 5, "ignore_eos": False,
     }
     if stream:
-        expected |= {"stream": True, "stream_options": {"include_usage": True}}
+        expected["stream_options"] = {"include_usage": True}
     assert body == expected
 
 
