@@ -143,14 +143,19 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def readyz() -> Response:
         ready = True
         report: dict[str, Any] = {}
+        now = time.monotonic()
         for name in config.models:
-            healthy = {
-                p.tier: sum(r.healthy for r in p.replicas)
-                for p in pools.all()
-                if p.model == name
-            }
-            report[name] = {"healthy_replicas": healthy}
-            if not any(healthy.values()):
+            tiers = {}
+            for p in pools.all():
+                if p.model == name:
+                    tiers[p.tier] = {
+                        "replicas": len(p.replicas),
+                        "healthy": sum(r.healthy for r in p.replicas),
+                        "ejected": sum(r.outlier.is_ejected(now) for r in p.replicas),
+                        "usable": len(p.usable(now)),
+                    }
+            report[name] = tiers
+            if not any(t["healthy"] for t in tiers.values()):
                 ready = False
         return _json(200 if ready else 503, {"status": "ready" if ready else "not_ready",
                                              "models": report})

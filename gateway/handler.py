@@ -163,8 +163,8 @@ class CompletionsEndpoint:
                 pool.record_success(replica)
                 rec.served_tier, rec.replica = pool.tier, replica.safe_url
                 rec.ttft_s = opened.ttft_s
-                if pool.tier != plan.request.tier or reasons:
-                    rec.fallback = ",".join(reasons) or None
+                if pool is not plan.chain[0] or plan.reason == "tier-unavailable":
+                    rec.fallback = ",".join(reasons)
                 return opened
             if loop.time() >= deadline:
                 break

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 
@@ -138,10 +139,17 @@ def build_app(config: SimConfig) -> web.Application:
     return app
 
 
+DRAIN_TIMEOUT_S = 5.0  # seconds in-flight requests get to finish after SIGTERM
+
+
 async def serve(config: SimConfig, stop: asyncio.Event | None = None) -> None:
     """Serve ``config`` until ``stop`` is set (or forever); prints the ready line with the port."""
     app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # SIGTERM drains like a uvicorn-based vLLM server: stop accepting, let in-flight requests
+    # finish (bounded by shutdown_timeout), then exit. SIGKILL is the abrupt crash.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=DRAIN_TIMEOUT_S
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096)
     await site.start()
@@ -151,8 +159,11 @@ async def serve(config: SimConfig, stop: asyncio.Event | None = None) -> None:
             port = addr[1]
             break
     print(READY_LINE.format(port=port), flush=True)
+    stop = stop or asyncio.Event()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
-        await (stop or asyncio.Event()).wait()
+        await stop.wait()
     finally:
         with contextlib.suppress(Exception):
             await runner.cleanup()

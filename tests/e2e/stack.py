@@ -36,8 +36,12 @@ class Stack:
     sim_args: tuple[str, ...] = (
         "--time-scale", "0.02", "--max-model-len", "1048576", "--num-gpu-blocks", "70000"
     )
+    pool_overrides: dict = field(default_factory=dict)  # merged into every tier's pool config
+    extra_endpoints: dict[str, list[str]] = field(default_factory=dict)  # non-simulator replicas
+    health: dict = field(default_factory=lambda: {"interval_s": 0.5, "timeout_s": 1})
     procs: list[subprocess.Popen] = field(default_factory=list)
     sims: dict[str, list[str]] = field(default_factory=dict)
+    sim_procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # by URL
     base_url: str = ""
     gateway: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -52,13 +56,14 @@ class Stack:
                     p = start_simulator(port, mode, 1.0, seed, self.sim_args)
                     self.procs.append(p)
                     self.sims[tier].append(f"http://127.0.0.1:{port}")
+                    self.sim_procs[self.sims[tier][-1]] = p
                     seed += 1
             for p, url in zip(self.procs, self.sims["standard"] + self.sims["fast"], strict=True):
                 wait_healthy(url, p)
             port = free_port()
             cfg = {
                 "server": {"port": port, "max_body_bytes": 8 * 1024 * 1024},
-                "health": {"interval_s": 0.5, "timeout_s": 1},
+                "health": self.health,
                 "models": {
                     MODEL: {
                         "aliases": {f"{MODEL}-fast": "fast", f"{MODEL}-auto": "auto"},
@@ -66,8 +71,9 @@ class Stack:
                         "tiers": {
                             tier: {
                                 "served_model_name": MODEL,
-                                "endpoints": urls,
+                                "endpoints": urls + self.extra_endpoints.get(tier, []),
                                 "timeouts": self.timeouts,
+                                **self.pool_overrides,
                             }
                             for tier, urls in self.sims.items()
                         },
@@ -114,6 +120,26 @@ class Stack:
 
     def stop(self) -> None:
         stop_processes(self.procs)
+
+    def kill_sim(self, url: str, crash: bool = False) -> None:
+        """Stop the simulator at ``url``: SIGTERM (it drains, SIGKILL after 5 s), or with
+        ``crash`` SIGKILL at once."""
+        p = self.sim_procs[url]
+        if crash:
+            p.kill()
+            p.wait()
+        else:
+            stop_processes([p])
+
+    def restart_sim(self, url: str) -> None:
+        """Start a simulator again on the same port (after ``kill_sim``) and wait for it."""
+        old = self.sim_procs[url]
+        tier = next(t for t, urls in self.sims.items() if url in urls)
+        mode = "standard" if tier == "standard" else "speculative"
+        p = start_simulator(int(url.rsplit(":", 1)[1]), mode, 1.0, 0, self.sim_args)
+        self.procs[self.procs.index(old)] = p
+        self.sim_procs[url] = p
+        wait_healthy(url, p)
 
     def all_sims(self) -> list[str]:
         return [u for urls in self.sims.values() for u in urls]

@@ -12,51 +12,13 @@ import openai
 import orjson
 import pytest
 
+from tests.e2e.helpers import CHAT, metric, stream_events, wait_for
 from tests.e2e.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
 
-CHAT = "/v1/chat/completions"
-
-
 def _msgs(text: str = "hello") -> list[dict]:
     return [{"role": "user", "content": text}]
-
-
-def _stream_events(client: httpx.Client, body: dict, headers: dict | None = None):
-    """POST a streaming request; yield (arrival time, data bytes) per SSE event."""
-    t0 = time.monotonic()
-    with client.stream("POST", CHAT, json=body, headers=headers or {}) as r:
-        assert r.status_code == 200, r.read()
-        buf = b""
-        for chunk in r.iter_raw():
-            buf += chunk
-            while b"\n\n" in buf:
-                ev, buf = buf.split(b"\n\n", 1)
-                if ev.startswith(b"data: "):
-                    yield time.monotonic() - t0, ev[6:], r
-        assert buf == b"", f"stream ended inside an event: {buf!r}"
-
-
-def _metric(stack: Stack, name: str, **labels: str) -> float:
-    """Sum of the gateway's Prometheus samples of ``name`` matching ``labels``."""
-    text = httpx.get(stack.base_url + "/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def _wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
 
 
 @pytest.fixture
@@ -95,7 +57,7 @@ def test_sse_no_buffering(http: httpx.Client, encoding: str | None):
     headers = {"accept-encoding": encoding} if encoding else {}
     arrivals = []
     resp = None
-    for t, data, r in _stream_events(http, body, headers):
+    for t, data, r in stream_events(http, body, headers):
         resp = r
         if data == b"[DONE]":
             continue
@@ -119,8 +81,8 @@ def test_sse_no_buffering(http: httpx.Client, encoding: str | None):
 def test_upstream_reset_midstream(http: httpx.Client, stack: Stack):
     faults = {"chunks": ["a", "b", "c", "d", "e"], "reset_after_chunks": 3}
     body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults}
-    before = _metric(stack, "speedgate_requests_total", outcome="upstream_error")
-    events = [data for _, data, _ in _stream_events(http, body)]
+    before = metric(stack, "speedgate_requests_total", outcome="upstream_error")
+    events = [data for _, data, _ in stream_events(http, body)]
     assert b"[DONE]" not in events
     docs = [orjson.loads(d) for d in events]
     *chunks, last = docs
@@ -130,8 +92,8 @@ def test_upstream_reset_midstream(http: httpx.Client, stack: Stack):
     contents = [c["choices"][0]["delta"].get("content") for c in chunks]
     assert contents == ["", "a", "b", "c"]  # role chunk, then the 3 content chunks
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks)  # none invented
-    assert _wait_for(
-        lambda: _metric(stack, "speedgate_requests_total", outcome="upstream_error") == before + 1
+    assert wait_for(
+        lambda: metric(stack, "speedgate_requests_total", outcome="upstream_error") == before + 1
     )
 
 
@@ -166,7 +128,7 @@ def test_toolcall_incremental(http: httpx.Client):
         "sim_faults": {"tool_args_chunks": 20, "chunk_interval_s": 0.03},
     }
     arg_times, args, ids, indexes, usage_chunks, finish = [], [], set(), set(), 0, None
-    for t, data, _ in _stream_events(http, body):
+    for t, data, _ in stream_events(http, body):
         if data == b"[DONE]":
             continue
         doc = orjson.loads(data)
@@ -335,15 +297,15 @@ def test_large_conversation_is_accepted(http: httpx.Client, stack: Stack):
 
 
 def _assert_aborted_and_released(stack: Stack, status_before: float):
-    assert _wait_for(lambda: stack.sim_stats()["aborted"] == 1, timeout_s=2.0), stack.sim_stats()
-    assert _wait_for(lambda: _metric(stack, "speedgate_replica_inflight") == 0, timeout_s=2.0)
-    assert _wait_for(
-        lambda: _metric(stack, "speedgate_requests_total", status="499") == status_before + 1
+    assert wait_for(lambda: stack.sim_stats()["aborted"] == 1, timeout_s=2.0), stack.sim_stats()
+    assert wait_for(lambda: metric(stack, "speedgate_replica_inflight") == 0, timeout_s=2.0)
+    assert wait_for(
+        lambda: metric(stack, "speedgate_requests_total", status="499") == status_before + 1
     )
 
 
 def test_disconnect_aborts_non_streaming(stack: Stack):
-    before = _metric(stack, "speedgate_requests_total", status="499")
+    before = metric(stack, "speedgate_requests_total", status="499")
     body = {"model": MODEL, "messages": _msgs(), "max_tokens": 4000,
             "sim_faults": {"ttft_delay_s": 30}}
     t0 = time.monotonic()
@@ -354,7 +316,7 @@ def test_disconnect_aborts_non_streaming(stack: Stack):
 
 
 def test_disconnect_aborts_streaming_before_first_token(stack: Stack):
-    before = _metric(stack, "speedgate_requests_total", status="499")
+    before = metric(stack, "speedgate_requests_total", status="499")
     body = {"model": MODEL, "messages": _msgs(), "stream": True,
             "sim_faults": {"ttft_delay_s": 30}}
     with pytest.raises(httpx.ReadTimeout), httpx.stream(
@@ -365,7 +327,7 @@ def test_disconnect_aborts_streaming_before_first_token(stack: Stack):
 
 
 def test_disconnect_aborts_streaming_after_first_token(stack: Stack):
-    before = _metric(stack, "speedgate_requests_total", status="499")
+    before = metric(stack, "speedgate_requests_total", status="499")
     body = {"model": MODEL, "messages": _msgs(), "stream": True,
             "sim_faults": {"chunks": ["x"] * 100, "chunk_interval_s": 0.5}}
     with httpx.stream("POST", stack.base_url + CHAT, json=body, timeout=30) as r:
