@@ -1,16 +1,28 @@
 """The access log: one line per request with ids, tier, replica, status, tokens and timings.
 
 Never the prompt, the completion or an API key (DESIGN §10). Replica URLs are redacted.
+Two formats: ``text`` (``key=value`` pairs, the default) and ``json`` (one JSON object per line,
+fields of ``access_fields``; ``configure_access_log("json")`` makes the logger write bare JSON
+lines to a stream for log shippers).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from typing import IO, TYPE_CHECKING, Any, Literal
+
+import orjson
 
 from gateway.relay import Usage
+
+if TYPE_CHECKING:
+    from gateway.metrics import GapTimer
+
+AccessLogFormat = Literal["text", "json"]
 
 access_log = logging.getLogger("speedgate.access")
 
@@ -32,10 +44,19 @@ class RequestRecord:
     attempts: int = 0
     retries: list[str] = field(default_factory=list)
     status: int = 0
+    response_started: bool = False
     outcome: str | None = None
     usage: Usage | None = None
     ttft_s: float | None = None
     e2e_s: float | None = None
+    # Telemetry (issue 5). ``key_id``: the API key's id or name, never the key itself.
+    key_id: str | None = None
+    session_id: str | None = None
+    queue_s: float | None = None  # arrival → first upstream attempt sent
+    usage_estimated: bool = False  # usage counted by the gateway (tiktoken), not the engine
+    cost_usd: float | None = None
+    itl: GapTimer | None = None  # inter-token gaps of the relayed stream
+    trace_id: str | None = None  # hex W3C trace id of the request span
 
     def set_usage(self, usage: Any) -> None:
         """Record an OpenAI ``usage`` object (ignored when absent or malformed)."""
@@ -68,3 +89,77 @@ def log_request(rec: RequestRecord) -> None:
         f"{rec.ttft_s:.4f}" if rec.ttft_s is not None else None,
         rec.e2e_s or 0.0,
     )
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def access_fields(rec: RequestRecord) -> dict[str, Any]:
+    """The fields of the JSON access line (times in seconds, cost in USD). No text, no key."""
+    u = rec.usage
+    return {
+        "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "request_id": rec.request_id,
+        "trace_id": rec.trace_id,
+        "key_id": rec.key_id,
+        "session_id": rec.session_id,
+        "path": rec.path,
+        "model": rec.model,
+        "tier_asked": rec.asked_tier,
+        "tier": rec.served_tier,
+        "auto_reason": rec.auto_reason,
+        "fallback": rec.fallback,
+        "replica": rec.replica,
+        "stream": rec.stream,
+        "attempts": rec.attempts,
+        "retries": rec.retries,
+        "status": rec.status,
+        "outcome": rec.outcome,
+        "prompt_tokens": u.prompt if u else None,
+        "cached_tokens": u.cached if u else None,
+        "completion_tokens": u.completion if u else None,
+        "usage_estimated": rec.usage_estimated,
+        "cost_usd": rec.cost_usd,
+        "queue_s": _r(rec.queue_s, 6),
+        "ttft_s": _r(rec.ttft_s),
+        "e2e_s": _r(rec.e2e_s),
+    }
+
+
+def format_json(rec: RequestRecord) -> str:
+    """One JSON object (a single line) describing ``rec``."""
+    return orjson.dumps(access_fields(rec)).decode()
+
+
+def log_request_json(rec: RequestRecord) -> None:
+    """Emit ``rec`` as one JSON line on the access logger (level INFO)."""
+    if access_log.isEnabledFor(logging.INFO):
+        access_log.info("%s", format_json(rec))
+
+
+def log_access(rec: RequestRecord, fmt: AccessLogFormat = "text") -> None:
+    """Emit the access line of ``rec`` in ``fmt``."""
+    if fmt == "json":
+        log_request_json(rec)
+    else:
+        log_request(rec)
+
+
+def configure_access_log(fmt: AccessLogFormat, stream: IO[str] | None = None) -> None:
+    """For ``json``: the access logger writes bare JSON lines (no timestamp/level prefix) to
+    ``stream`` (stdout by default) and stops propagating to the root handlers. For ``text``:
+    back to propagating through the root logger's format."""
+    for h in list(access_log.handlers):
+        if getattr(h, "_speedgate_json", False):
+            access_log.removeHandler(h)
+    if fmt == "json":
+        handler = logging.StreamHandler(stream or sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._speedgate_json = True  # type: ignore[attr-defined]
+        access_log.addHandler(handler)
+        access_log.propagate = False
+        if access_log.level == logging.NOTSET or access_log.level > logging.INFO:
+            access_log.setLevel(logging.INFO)
+    else:
+        access_log.propagate = True

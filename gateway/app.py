@@ -36,10 +36,21 @@ from gateway.upstream import Upstream
 _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
+def request_id(scope: Scope) -> str:
+    """The client's ``x-request-id`` when it is a sane token (≤ 128 of ``[A-Za-z0-9._:-]``),
+    else a new UUID4 hex."""
+    for k, v in scope["headers"]:
+        if k == b"x-request-id":
+            rid = v.decode("latin-1")
+            if _REQUEST_ID_OK.match(rid):
+                return rid
+            break
+    return uuid.uuid4().hex
+
+
 class RequestIdMiddleware:
-    """Gives every request an id (the client's ``x-request-id`` when it is a sane token, else a
-    new UUID), stores it in ``scope["speedgate.request_id"]`` and adds ``x-request-id`` to every
-    response."""
+    """For the FastAPI routes: a request id in ``scope["speedgate.request_id"]`` and an
+    ``x-request-id`` header on every response (the hot path sets its own)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -48,13 +59,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = None
-        for k, v in scope["headers"]:
-            if k == b"x-request-id":
-                rid = v.decode("latin-1")
-                break
-        if rid is None or not _REQUEST_ID_OK.match(rid):
-            rid = uuid.uuid4().hex
+        rid = request_id(scope)
         scope["speedgate.request_id"] = rid
         rid_header = (b"x-request-id", rid.encode())
 
@@ -66,11 +71,30 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class SpeedgateApp:
+    """The outermost ASGI app. ``POST`` to a completions path goes straight to its raw
+    endpoint (no middleware layers on the per-token path); everything else, lifespan included,
+    goes to the FastAPI app ``api``."""
+
+    def __init__(self, api: FastAPI, hot: dict[str, CompletionsEndpoint]) -> None:
+        self.api = api
+        self.hot = hot
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = self.hot.get(scope["path"])
+            if endpoint is not None:
+                scope["speedgate.request_id"] = request_id(scope)
+                await endpoint(scope, receive, send)
+                return
+        await self.api(scope, receive, send)
+
+
 def _json(status: int, doc: Any) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def create_app(config: GatewayConfig) -> FastAPI:
+def create_app(config: GatewayConfig) -> SpeedgateApp:
     """Build the gateway app for ``config``. The upstream client and the health probes start in
     the app's lifespan (inside the server's event loop) and stop with it."""
     pools = PoolRegistry(config)
@@ -107,10 +131,11 @@ def create_app(config: GatewayConfig) -> FastAPI:
             return getattr(holder["state"], name)
 
     lazy: Any = _Lazy()
+    hot: dict[str, CompletionsEndpoint] = {}
     for kind, path in (("chat", "/v1/chat/completions"), ("completion", "/v1/completions")):
-        app.router.routes.append(
-            Route(path, CompletionsEndpoint(lazy, kind), methods=["POST"])  # type: ignore[arg-type]
-        )
+        hot[path] = CompletionsEndpoint(lazy, kind)  # type: ignore[arg-type]
+        # also a FastAPI route, so other methods get a proper 405
+        app.router.routes.append(Route(path, hot[path], methods=["POST"]))
 
     created = int(time.time())
 
@@ -182,10 +207,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
         return Response(err.to_bytes(), status_code=400, media_type="application/json")
 
     app.add_middleware(RequestIdMiddleware)
-    return app
+    return SpeedgateApp(app, hot)
 
 
-def create_app_from_env() -> FastAPI:
+def create_app_from_env() -> SpeedgateApp:
     """App factory for ``uvicorn --factory`` and multi-worker serving: reads the config file
     named by ``SPEEDGATE_CONFIG``."""
     return create_app(load_config(os.environ.get("SPEEDGATE_CONFIG")))

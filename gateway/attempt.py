@@ -67,13 +67,13 @@ class OpenedResponse:
     """A successful attempt: for streams the events up to the first content event (``head``:
     e.g. the role chunk, then the content event) and the ``events`` iterator that continues
     after it; for JSON the parsed ``doc``. ``ttft_s``: seconds from send to the first content
-    event (streams) or to the complete body."""
+    event (streams) or to the complete body. ``batches`` continues after ``head``."""
 
     attempt: Attempt
     response: UpstreamResponse
     ttft_s: float
     head: list[SSEEvent] | None = None
-    events: AsyncIterator[SSEEvent] | None = None
+    batches: AsyncIterator[list[SSEEvent]] | None = None
     doc: dict | None = None
     _closed: bool = False
 
@@ -120,10 +120,10 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                     raise RetryableFailure(f"http-{resp.status}", err)
                 raise err
             if attempt.stream:
-                events = resp.events()
-                head = await _read_until_content(events)
+                batches = resp.event_batches()
+                head = await _read_until_content(batches)
                 return OpenedResponse(
-                    attempt, resp, time.monotonic() - t_sent, head=head, events=events
+                    attempt, resp, time.monotonic() - t_sent, head=head, batches=batches
                 )
             raw = await resp.read()
             doc = _json_object(raw)
@@ -149,16 +149,20 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
         raise
 
 
-async def _read_until_content(events: AsyncIterator[SSEEvent]) -> list[SSEEvent]:
-    """Data events up to and including the first content event (comments dropped). Until
-    then nothing is sent to the client, so a failure here can still be retried. A payload
-    that is neither ``[DONE]`` nor a JSON object is a malformed stream."""
+async def _read_until_content(batches: AsyncIterator[list[SSEEvent]]) -> list[SSEEvent]:
+    """Data events up to the first content event, plus any that arrived in the same read
+    (comments dropped). Until then nothing is sent to the client, so a failure here can still
+    be retried. A payload that is neither ``[DONE]`` nor a JSON object is a malformed stream."""
     head: list[SSEEvent] = []
-    async for ev in events:
-        if ev.data is None:
-            continue
-        head.append(ev)
-        if ev.is_done or is_content(_json_object(ev.data)):
+    async for batch in batches:
+        found = False
+        for ev in batch:
+            if ev.data is None:
+                continue
+            head.append(ev)
+            if not found and (ev.is_done or is_content(_json_object(ev.data))):
+                found = True
+        if found:
             return head
     raise UpstreamBrokenError("stream ended before the first content event")
 

@@ -50,15 +50,6 @@ class CompletionsEndpoint:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         """Serve one request; every exit path answers the client (or records 499) and logs."""
         rec = RequestRecord(request_id=scope.get("speedgate.request_id", ""), path=self.path)
-        started = False
-
-        async def tracked_send(msg: dict[str, Any]) -> None:
-            nonlocal started
-            if msg["type"] == "http.response.start":
-                started = True
-                rec.status = msg["status"]
-            await send(msg)
-
         try:
             # 1. admit
             cfg = self.state.config.server
@@ -78,21 +69,23 @@ class CompletionsEndpoint:
                 opened = await self._open(plan, body, rec, timeout_s)
                 try:
                     # 4. relay
-                    await self._respond(tracked_send, plan, opened, body, rec)
+                    await self._respond(send, plan, opened, body, rec)
                 finally:
                     opened.close()
         except ClientDisconnected:
             rec.status, rec.outcome = 499, "client_disconnected"
         except GatewayError as e:
             rec.outcome = rec.outcome or e.code or e.type
-            if not started:
-                await send_error(tracked_send, e, self._tier_headers(rec))
+            if not rec.response_started:
+                rec.status = e.status
+                await send_error(send, e, self._headers(rec))
         except Exception:
             log.exception("internal error on request %s", rec.request_id)
             rec.outcome = "internal_error"
-            if not started:
+            if not rec.response_started:
                 err = GatewayError("internal gateway error", code="internal_error")
-                await send_error(tracked_send, err, [])
+                rec.status = err.status
+                await send_error(send, err, self._headers(rec))
         finally:
             # 5. account
             rec.e2e_s = time.monotonic() - rec.t_start
@@ -189,19 +182,20 @@ class CompletionsEndpoint:
             plan.request.model_name,
             TIER_TO_SERVICE_TIER[pool.tier],
         )
-        headers = self._tier_headers(rec)
+        headers = self._headers(rec)
+        rec.response_started, rec.status = True, 200
         if not body.stream:
             assert opened.doc is not None
             rec.set_usage(opened.doc.get("usage"))
             rec.outcome = "ok"
             await send_response(send, 200, rewriter.body(opened.doc), headers)
             return
-        assert opened.head is not None and opened.events is not None
+        assert opened.head is not None and opened.batches is not None
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
         result = await relay_events(
             send,
             opened.head,
-            opened.events,
+            opened.batches,
             rewriter,
             strip_usage=not body.client_wants_usage,
             stall_s=pool.config.timeouts.stall_s,
@@ -220,8 +214,8 @@ class CompletionsEndpoint:
             pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
 
     @staticmethod
-    def _tier_headers(rec: RequestRecord) -> list[tuple[bytes, bytes]]:
-        out: list[tuple[bytes, bytes]] = []
+    def _headers(rec: RequestRecord) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = [(b"x-request-id", rec.request_id.encode())]
         if rec.served_tier:
             out.append((b"x-speedgate-tier", rec.served_tier.encode()))
         if rec.fallback:

@@ -111,7 +111,7 @@ def error_event(err: GatewayError) -> bytes:
 async def relay_events(
     send: Any,
     head: list[SSEEvent],
-    events: AsyncIterator[SSEEvent],
+    batches: AsyncIterator[list[SSEEvent]],
     rewriter: ChunkRewriter,
     *,
     strip_usage: bool,
@@ -120,41 +120,52 @@ async def relay_events(
     deadline: float,
 ) -> StreamResult:
     """Send the ``head`` events (read before the attempt was committed) and every following
-    event to the client as soon as each is complete.
+    batch of events to the client as soon as it is complete: one write per upstream read.
 
-    ``stall_s``: longest allowed gap between events (seconds); ``deadline``: loop time at which
-    the total deadline (``total_s`` after the request arrived) expires. On a broken upstream, a
-    stall or the deadline, sends one in-band error event and returns (the caller closes the
-    upstream connection so the engine aborts).
+    ``stall_s``: longest allowed gap between upstream reads that complete events (seconds);
+    ``deadline``: loop time at which the total deadline (``total_s``) expires. On a broken
+    upstream, a stall or the deadline, sends one in-band error event and returns (the caller
+    closes the upstream connection so the engine aborts).
     """
     result = StreamResult()
     loop = asyncio.get_running_loop()
 
-    async def emit(ev: SSEEvent) -> bool:
-        data = ev.data
-        if data is None:
-            return False
-        if ev.is_done:
-            await send({"type": "http.response.body", "body": DONE_EVENT, "more_body": True})
-            return True
-        usage = usage_chunk(data)
-        if usage is not None:
-            result.usage = usage
-            if strip_usage:
-                return False
-        result.events += 1
-        body = encode_event(rewriter.chunk(data))
-        await send({"type": "http.response.body", "body": body, "more_body": True})
+    def frame(events: list[SSEEvent], out: list[bytes]) -> bool:
+        """Append the client bytes of ``events`` to ``out``; True once ``[DONE]`` is seen."""
+        for ev in events:
+            data = ev.data
+            if data is None:
+                continue
+            if ev.is_done:
+                out.append(DONE_EVENT)
+                return True
+            usage = usage_chunk(data)
+            if usage is not None:
+                result.usage = usage
+                if strip_usage:
+                    continue
+            result.events += 1
+            out.append(encode_event(rewriter.chunk(data)))
         return False
 
+    async def flush(out: list[bytes]) -> None:
+        if out:
+            body = out[0] if len(out) == 1 else b"".join(out)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
     try:
-        for ev in head:
-            if await emit(ev):
-                result.ok = True
-                return result
+        out: list[bytes] = []
+        done = frame(head, out)
+        await flush(out)
+        if done:
+            result.ok = True
+            return result
         async with asyncio.timeout(min(loop.time() + stall_s, deadline)) as cm:
-            async for ev in events:
-                if await emit(ev):
+            async for batch in batches:
+                out = []
+                done = frame(batch, out)
+                await flush(out)
+                if done:
                     result.ok = True
                     return result
                 cm.reschedule(min(loop.time() + stall_s, deadline))

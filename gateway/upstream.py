@@ -30,7 +30,7 @@ class UpstreamBrokenError(Exception):
 
 class UpstreamResponse:
     """An open response from a replica: ``status``, ``headers``; read the body with
-    ``read()`` or iterate SSE events with ``events()``; always ``close()`` (idempotent)."""
+    ``read()`` or iterate SSE events with ``event_batches()``; always ``close()`` (idempotent)."""
 
     __slots__ = ("_resp", "headers", "status")
 
@@ -48,9 +48,11 @@ class UpstreamResponse:
         except (aiohttp.ClientError, ConnectionError) as e:
             raise UpstreamBrokenError(type(e).__name__) from None
 
-    async def events(self) -> AsyncIterator[SSEEvent]:
-        """Parsed SSE events as they complete. Ends at end of body; a cut connection or an
-        unfinished last event raises ``UpstreamBrokenError``."""
+    async def event_batches(self) -> AsyncIterator[list[SSEEvent]]:
+        """Parsed SSE events, one list per network read (only reads that completed at least
+        one event yield). Ends at end of body; a cut connection or an unfinished last event
+        raises ``UpstreamBrokenError``. Batching lets the relay forward everything that arrived
+        together in one write, while still forwarding each event as soon as it is complete."""
         parser = SSEParser()
         content = self._resp.content
         try:
@@ -58,10 +60,12 @@ class UpstreamResponse:
                 chunk = await content.readany()
                 if not chunk:
                     break
-                for ev in parser.feed(chunk):
-                    yield ev
-            for ev in parser.close():
-                yield ev
+                events = parser.feed(chunk)
+                if events:
+                    yield events
+            tail = parser.close()
+            if tail:
+                yield tail
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as e:
             raise UpstreamBrokenError(type(e).__name__) from None
         if parser.has_partial:
