@@ -1,0 +1,1 @@
+"""Load and overhead benchmarks of speedgate (run as ``python -m loadtests.<name>``)."""
