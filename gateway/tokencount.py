@@ -38,6 +38,8 @@ from typing import Any, Literal
 import orjson
 import tiktoken
 
+from gateway.relay import Usage
+
 EncodingName = Literal["cl100k_base", "o200k_base"]
 DEFAULT_ENCODING: EncodingName = "cl100k_base"
 
@@ -175,7 +177,9 @@ def _message_texts(message: dict[str, Any]) -> list[str]:
                     texts.append(call["id"])
                 fn = call.get("function")
                 if isinstance(fn, dict):
-                    texts.extend(v for k in ("name", "arguments") if isinstance(v := fn.get(k), str))
+                    texts.extend(
+                        v for k in ("name", "arguments") if isinstance(v := fn.get(k), str)
+                    )
         elif isinstance(value, str):
             texts.append(value)
     return texts
@@ -223,7 +227,9 @@ def count_completion_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAUL
 
 
 def count_prompt(
-    doc: dict[str, Any], kind: Literal["chat", "completion"], encoding: EncodingName = DEFAULT_ENCODING
+    doc: dict[str, Any],
+    kind: Literal["chat", "completion"],
+    encoding: EncodingName = DEFAULT_ENCODING,
 ) -> int:
     """Prompt tokens of a request document of ``kind`` (the handler's endpoint kind)."""
     if kind == "chat":
@@ -280,5 +286,62 @@ def completion_text(chunks: list[bytes]) -> str:
             for call in delta.get("tool_calls") or ():
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict):
-                    parts.extend(v for k in ("name", "arguments") if isinstance(v := fn.get(k), str))
+                    parts.extend(
+                        v for k in ("name", "arguments") if isinstance(v := fn.get(k), str)
+                    )
     return "".join(parts)
+
+
+def response_text(doc: dict[str, Any]) -> str:
+    """The generated text of a non-streaming response document: every choice's
+    ``message.content``, ``message.reasoning_content`` and tool-call names and ``arguments``
+    (chat) or ``text`` (completions)."""
+    parts: list[str] = []
+    for choice in doc.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        if isinstance(choice.get("text"), str):
+            parts.append(choice["text"])
+        msg = choice.get("message")
+        if not isinstance(msg, dict):
+            continue
+        for key in ("content", "reasoning_content"):
+            if isinstance(msg.get(key), str):
+                parts.append(msg[key])
+        for call in msg.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                parts.extend(v for k in ("name", "arguments") if isinstance(v := fn.get(k), str))
+    return "".join(parts)
+
+
+def estimate_usage_sync(
+    doc: dict[str, Any],
+    kind: Literal["chat", "completion"],
+    output_text: str,
+    encoding: EncodingName = DEFAULT_ENCODING,
+) -> Usage:
+    """Usage counted by the gateway: the request's prompt and ``output_text`` (no cached part:
+    only the engine knows what its prefix cache served)."""
+    return Usage(
+        prompt=count_prompt(doc, kind, encoding),
+        completion=count_text(output_text, encoding),
+    )
+
+
+async def estimate_usage(
+    doc: dict[str, Any],
+    kind: Literal["chat", "completion"],
+    output_text: str,
+    *,
+    size_hint: int,
+    encoding: EncodingName = DEFAULT_ENCODING,
+) -> Usage:
+    """``estimate_usage_sync`` inline for small inputs, in one worker thread when the request
+    body (``size_hint`` bytes) plus the output exceed ``OFFLOAD_CHARS``. For a request the
+    engine answered without usage (or a stream that broke before its usage chunk); mark the
+    record ``usage_estimated``. ``output_text``: ``completion_text(chunks)`` of a stream or
+    ``response_text(doc)`` of a JSON response."""
+    if size_hint + len(output_text) > OFFLOAD_CHARS:
+        return await asyncio.to_thread(estimate_usage_sync, doc, kind, output_text, encoding)
+    return estimate_usage_sync(doc, kind, output_text, encoding)

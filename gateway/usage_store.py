@@ -1,0 +1,296 @@
+"""Per-key and per-session usage totals (DESIGN §8-9): requests, tokens by type, cost, sums of
+TTFT and end-to-end time, behind one interface with two implementations.
+
+- ``MemoryUsageStore``: one process (the default); sessions kept in LRU order, at most
+  ``max_sessions``.
+- ``RedisUsageStore``: shared by every gateway replica (redis-py asyncio, ``redis>=5``). One
+  hash per key and per session (``{prefix}key:{id}``, ``{prefix}session:{id}``), updated by
+  ``HINCRBY``/``HINCRBYFLOAT`` in one ``MULTI`` pipeline so a reader never sees half a request;
+  sessions expire ``session_ttl_s`` after their last request. Short socket timeouts (100 ms by
+  default, case redis-outage) and a small breaker: after ``breaker_failures`` failures in a row
+  Redis is skipped for ``breaker_cooldown_s`` (adds are dropped and counted in ``dropped``).
+
+``add()`` never raises: accounting must not fail a request that was served (call it after the
+response is complete). ``get_key``/``get_session`` raise ``UsageStoreUnavailable`` when the
+store cannot answer (an admin endpoint answers 503). Times in seconds, cost in USD. Ids longer
+than 200 characters are stored under their SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol
+
+log = logging.getLogger("speedgate.usage")
+
+_MAX_ID_CHARS = 200
+_INT_FIELDS = (
+    "requests",
+    "errors",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "estimated_requests",
+    "ttft_count",
+)
+
+
+class UsageStoreUnavailable(Exception):
+    """The store could not be read (Redis down or timing out)."""
+
+
+@dataclass(slots=True)
+class UsageDelta:
+    """What one finished request adds. ``ttft_s`` only when a first token was timed."""
+
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    error: bool = False
+    estimated: bool = False
+
+    @classmethod
+    def from_record(cls, rec: Any) -> UsageDelta:
+        """From a ``RequestRecord`` (usage, cost_usd, ttft_s, e2e_s, outcome)."""
+        u = rec.usage
+        return cls(
+            input_tokens=u.prompt if u else 0,
+            cached_input_tokens=u.cached if u else 0,
+            output_tokens=u.completion if u else 0,
+            cost_usd=rec.cost_usd or 0.0,
+            ttft_s=rec.ttft_s if rec.stream else None,
+            e2e_s=rec.e2e_s or 0.0,
+            error=rec.outcome != "ok",
+            estimated=rec.usage_estimated,
+        )
+
+
+@dataclass(slots=True)
+class UsageTotals:
+    """Totals of a key or a session. ``first_seen``/``last_seen``: Unix seconds (0 if none)."""
+
+    requests: int = 0
+    errors: int = 0
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    estimated_requests: int = 0
+    cost_usd: float = 0.0
+    ttft_s_sum: float = 0.0
+    ttft_count: int = 0
+    e2e_s_sum: float = 0.0
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+
+    def add(self, d: UsageDelta, now: float) -> None:
+        """Add one request's delta at ``now`` (Unix seconds)."""
+        self.requests += 1
+        self.errors += int(d.error)
+        self.input_tokens += d.input_tokens
+        self.cached_input_tokens += d.cached_input_tokens
+        self.output_tokens += d.output_tokens
+        self.estimated_requests += int(d.estimated)
+        self.cost_usd += d.cost_usd
+        if d.ttft_s is not None:
+            self.ttft_s_sum += d.ttft_s
+            self.ttft_count += 1
+        self.e2e_s_sum += d.e2e_s
+        self.first_seen = self.first_seen or now
+        self.last_seen = now
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready totals plus the means (``ttft_s_mean``, ``e2e_s_mean``; None if none)."""
+        out = asdict(self)
+        out["ttft_s_mean"] = self.ttft_s_sum / self.ttft_count if self.ttft_count else None
+        out["e2e_s_mean"] = self.e2e_s_sum / self.requests if self.requests else None
+        return out
+
+    @classmethod
+    def from_hash(cls, h: dict[Any, Any]) -> UsageTotals:
+        """From a Redis hash (bytes or str keys and values)."""
+        vals = {(k.decode() if isinstance(k, bytes) else k): v for k, v in h.items()}
+        t = cls()
+        for f in fields(cls):
+            v = vals.get(f.name)
+            if v is None:
+                continue
+            v = v.decode() if isinstance(v, bytes) else v
+            setattr(t, f.name, int(v) if f.name in _INT_FIELDS else float(v))
+        return t
+
+
+class UsageStore(Protocol):
+    """Per-key and per-session usage totals."""
+
+    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta) -> None:
+        """Add ``delta`` to the key's and the session's totals (either may be None)."""
+
+    async def get_key(self, key_id: str) -> UsageTotals:
+        """Totals of ``key_id`` (zeros when unknown)."""
+
+    async def get_session(self, session_id: str) -> UsageTotals:
+        """Totals of ``session_id`` (zeros when unknown)."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+
+def _id(raw: str) -> str:
+    if len(raw) <= _MAX_ID_CHARS:
+        return raw
+    return "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+
+
+class MemoryUsageStore:
+    """In-process totals (single gateway replica)."""
+
+    def __init__(self, max_sessions: int = 100_000) -> None:
+        self.max_sessions = max_sessions
+        self._keys: dict[str, UsageTotals] = {}
+        self._sessions: OrderedDict[str, UsageTotals] = OrderedDict()
+
+    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta) -> None:
+        now = time.time()
+        if key_id is not None:
+            self._keys.setdefault(_id(key_id), UsageTotals()).add(delta, now)
+        if session_id is not None:
+            sid = _id(session_id)
+            totals = self._sessions.get(sid)
+            if totals is None:
+                totals = self._sessions[sid] = UsageTotals()
+                if len(self._sessions) > self.max_sessions:
+                    self._sessions.popitem(last=False)
+            else:
+                self._sessions.move_to_end(sid)
+            totals.add(delta, now)
+
+    async def get_key(self, key_id: str) -> UsageTotals:
+        return self._keys.get(_id(key_id)) or UsageTotals()
+
+    async def get_session(self, session_id: str) -> UsageTotals:
+        return self._sessions.get(_id(session_id)) or UsageTotals()
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisUsageStore:
+    """Totals in Redis, shared by gateway replicas. ``client`` is a ``redis.asyncio.Redis``
+    (``from_url`` builds one with the short timeouts)."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = "speedgate:usage:",
+        session_ttl_s: int = 7 * 24 * 3600,
+        breaker_failures: int = 3,
+        breaker_cooldown_s: float = 5.0,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.session_ttl_s = session_ttl_s
+        self.breaker_failures = breaker_failures
+        self.breaker_cooldown_s = breaker_cooldown_s
+        self.dropped = 0  # adds lost to a Redis failure or an open breaker
+        self._failures = 0
+        self._open_until = 0.0
+
+    @classmethod
+    def from_url(cls, url: str, *, timeout_s: float = 0.1, **kwargs: Any) -> RedisUsageStore:
+        """A store on a new client for ``url`` (``redis://host:6379/0``) with socket connect
+        and read timeouts of ``timeout_s`` seconds."""
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        return cls(client, **kwargs)
+
+    def key_hash(self, key_id: str) -> str:
+        """The Redis key of ``key_id``'s totals."""
+        return f"{self.prefix}key:{_id(key_id)}"
+
+    def session_hash(self, session_id: str) -> str:
+        """The Redis key of ``session_id``'s totals."""
+        return f"{self.prefix}session:{_id(session_id)}"
+
+    def _queue(self, pipe: Any, name: str, d: UsageDelta, now: float) -> None:
+        pipe.hincrby(name, "requests", 1)
+        if d.error:
+            pipe.hincrby(name, "errors", 1)
+        for f in ("input_tokens", "cached_input_tokens", "output_tokens"):
+            if getattr(d, f):
+                pipe.hincrby(name, f, getattr(d, f))
+        if d.estimated:
+            pipe.hincrby(name, "estimated_requests", 1)
+        if d.cost_usd:
+            pipe.hincrbyfloat(name, "cost_usd", d.cost_usd)
+        if d.ttft_s is not None:
+            pipe.hincrbyfloat(name, "ttft_s_sum", d.ttft_s)
+            pipe.hincrby(name, "ttft_count", 1)
+        pipe.hincrbyfloat(name, "e2e_s_sum", d.e2e_s)
+        pipe.hsetnx(name, "first_seen", now)
+        pipe.hset(name, "last_seen", now)
+
+    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta) -> None:
+        if key_id is None and session_id is None:
+            return
+        if time.monotonic() < self._open_until:
+            self.dropped += 1
+            return
+        now = time.time()
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                if key_id is not None:
+                    self._queue(pipe, self.key_hash(key_id), delta, now)
+                if session_id is not None:
+                    name = self.session_hash(session_id)
+                    self._queue(pipe, name, delta, now)
+                    pipe.expire(name, self.session_ttl_s)
+                await pipe.execute()
+        except Exception as e:  # redis errors, timeouts, OSError: never fail the request
+            self._failed(e)
+            return
+        self._failures = 0
+
+    def _failed(self, e: BaseException) -> None:
+        self.dropped += 1
+        self._failures += 1
+        if self._failures >= self.breaker_failures:
+            self._open_until = time.monotonic() + self.breaker_cooldown_s
+        if self._failures == 1 or self._failures % 100 == 0:
+            log.warning("usage store: Redis add failed (%d in a row): %r", self._failures, e)
+
+    async def _get(self, name: str) -> UsageTotals:
+        try:
+            h = await self.client.hgetall(name)
+        except Exception as e:
+            raise UsageStoreUnavailable(f"Redis read failed: {e!r}") from None
+        return UsageTotals.from_hash(h)
+
+    async def get_key(self, key_id: str) -> UsageTotals:
+        return await self._get(self.key_hash(key_id))
+
+    async def get_session(self, session_id: str) -> UsageTotals:
+        return await self._get(self.session_hash(session_id))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+__all__ = [
+    "MemoryUsageStore",
+    "RedisUsageStore",
+    "UsageDelta",
+    "UsageStore",
+    "UsageStoreUnavailable",
+    "UsageTotals",
+]
