@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway import tokencount
 from gateway.asgi import Scope
 from gateway.config import GatewayConfig, load_config
 from gateway.errors import GatewayError
@@ -30,8 +31,15 @@ from gateway.health import HealthChecker
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.pools import PoolRegistry
 from gateway.state import GatewayState
+from gateway.telemetry import Telemetry
 from gateway.tiers import ModelIndex
 from gateway.upstream import Upstream
+from gateway.usage_store import (
+    MemoryUsageStore,
+    RedisUsageStore,
+    UsageStore,
+    UsageStoreUnavailable,
+)
 
 _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -102,19 +110,30 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     metrics = GatewayMetrics(pools)
     holder: dict[str, GatewayState] = {}
 
+    telemetry = Telemetry(config.telemetry, registry=metrics.registry)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upstream = Upstream(config.upstream)
         health = HealthChecker(config.health, pools, upstream)
-        state = GatewayState(config, models, pools, upstream, health, metrics)
+        usage: UsageStore = (
+            RedisUsageStore.from_url(config.state.redis_url, timeout_s=config.state.redis_timeout_s)
+            if config.state.redis_url
+            else MemoryUsageStore()
+        )
+        state = GatewayState(config, models, pools, upstream, health, metrics, telemetry, usage)
         holder["state"] = state
         app.state.gateway = state
+        await tokencount.warm_up(config.telemetry.usage_estimate_encoding)
+        await telemetry.start()
         health.start()
         try:
             yield
         finally:
             await health.stop()
             await upstream.close()
+            await telemetry.shutdown()
+            await usage.close()
 
     app = FastAPI(
         title="speedgate",
@@ -187,7 +206,26 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await metrics.render_async(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/usage")
+    async def usage_totals(session_id: str | None = None, key_id: str | None = None) -> Response:
+        """Totals of one session (``x-session-id``) or one API key id: requests, tokens by
+        type, cost (USD), TTFT and e2e sums (seconds)."""
+        if (session_id is None) == (key_id is None):
+            err = GatewayError("give exactly one of session_id or key_id", status=400,
+                               type="invalid_request_error", param="session_id")
+            return Response(err.to_bytes(), status_code=400, media_type="application/json")
+        store = holder["state"].usage
+        try:
+            totals = await (store.get_session(session_id) if session_id is not None
+                            else store.get_key(key_id or ""))
+        except UsageStoreUnavailable:
+            err = GatewayError("usage store unavailable", status=503, code="state_unavailable")
+            return Response(err.to_bytes(), status_code=503, media_type="application/json",
+                            headers={"retry-after": "5"})
+        scope = {"session_id": session_id} if session_id is not None else {"key_id": key_id}
+        return _json(200, {"object": "usage", **scope, **totals.to_dict()})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:

@@ -20,6 +20,7 @@ import orjson
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout, parse_engine_error
 from gateway.pools import Pool, Replica
 from gateway.sse import SSEEvent
+from gateway.telemetry import AttemptTrace
 from gateway.upstream import (
     MAX_ERROR_BODY_BYTES,
     Upstream,
@@ -60,6 +61,7 @@ class Attempt:
     request_id: str
     stream: bool
     deadline: float
+    extra_headers: dict[str, str] | None = None  # e.g. W3C traceparent of the attempt span
 
 
 @dataclass(slots=True, eq=False)
@@ -75,6 +77,7 @@ class OpenedResponse:
     head: list[SSEEvent] | None = None
     batches: AsyncIterator[list[SSEEvent]] | None = None
     doc: dict | None = None
+    span: AttemptTrace | None = None
     _closed: bool = False
 
     def close(self) -> None:
@@ -107,6 +110,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
         "x-request-id": attempt.request_id,
         "accept": "text/event-stream" if attempt.stream else "application/json",
     }
+    if attempt.extra_headers:
+        headers.update(attempt.extra_headers)
     url = attempt.replica.url + attempt.path
     attempt.replica.inflight += 1
     resp: UpstreamResponse | None = None
@@ -140,7 +145,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
             ) from None
         if isinstance(e, UpstreamConnectError):
             raise RetryableFailure(
-                "connect-error", UpstreamError(f"cannot reach engine replica: {e}")
+                "connect-timeout" if e.timeout else "connect-error",
+                UpstreamError(f"cannot reach engine replica: {e}"),
             ) from None
         if isinstance(e, UpstreamBrokenError):
             raise RetryableFailure(

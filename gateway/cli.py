@@ -31,10 +31,12 @@ def run_server(config: GatewayConfig, config_path: str | None = None) -> None:
     """
     import uvicorn
 
+    from gateway.access import configure_access_log
     from gateway.app import create_app
 
     srv = config.server
     _configure_logging(srv.log_level)
+    configure_access_log(config.telemetry.access_log_format)
     common = dict(
         host=srv.host,
         port=srv.port,

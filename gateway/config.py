@@ -29,6 +29,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from gateway.telemetry import TelemetryConfig
+
 Tier = Literal["standard", "fast"]
 TierChoice = Literal["standard", "fast", "auto"]
 TIERS: tuple[Tier, ...] = ("standard", "fast")
@@ -200,6 +202,18 @@ class HealthConfig(_Strict):
     healthy_threshold: int = Field(1, ge=1, description="Good probes in a row to mark up")
 
 
+class StateConfig(_Strict):
+    """Shared state across gateway replicas (usage totals). Without ``redis_url`` the state
+    is in this process's memory."""
+
+    redis_url: str | None = Field(
+        None, description="redis://host:6379/0; None = in-memory state (single replica)"
+    )
+    redis_timeout_s: float = Field(
+        0.1, gt=0, description="socket timeout of each Redis call; a slow Redis never stalls"
+    )
+
+
 class GatewayConfig(BaseSettings):
     """The whole gateway configuration (YAML file + ``SPEEDGATE_`` environment overrides)."""
 
@@ -213,6 +227,8 @@ class GatewayConfig(BaseSettings):
     server: ServerConfig = ServerConfig()
     upstream: UpstreamConfig = UpstreamConfig()
     health: HealthConfig = HealthConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    state: StateConfig = StateConfig()
     models: dict[str, ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -1,20 +1,20 @@
 """The path of one request, top-down: admit → plan → attempt → relay → account (DESIGN §1).
 
-``CompletionsEndpoint`` is a raw ASGI app mounted on ``/v1/chat/completions`` and
+``CompletionsEndpoint`` is a raw ASGI app serving ``/v1/chat/completions`` and
 ``/v1/completions``: no response models, no per-chunk validation. Each step calls a small
-policy module: ``body`` (validate, rewrite owned fields), ``tiers`` and ``plan`` (tier and
-fallback chain), ``routing`` (replica), ``attempt`` (one upstream try with staged timeouts),
-``relay`` (SSE and JSON relay), ``access`` (the access log line).
+module: ``body`` (validate, rewrite owned fields), ``tiers`` and ``plan`` (tier and fallback
+chain), ``failover`` (attempts on replicas and pools, with ``attempt`` for one try with staged
+timeouts), ``relay`` (SSE and JSON relay), ``accounting`` (usage, cost, metrics, trace, logs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any, Literal
 
-from gateway.access import RequestRecord, log_request
+from gateway.access import RequestRecord
+from gateway.accounting import account
 from gateway.asgi import (
     ClientDisconnected,
     DisconnectWatch,
@@ -24,15 +24,16 @@ from gateway.asgi import (
     send_error,
     send_response,
 )
-from gateway.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
-from gateway.body import ParsedBody, parse_body, upstream_body
-from gateway.deadline import header_timeout_s, total_timeout_s
-from gateway.errors import GatewayError, NoHealthyReplica, UpstreamTimeout
+from gateway.attempt import OpenedResponse
+from gateway.body import ParsedBody, parse_body
+from gateway.config import Prices
+from gateway.cost import cost_usd
+from gateway.deadline import header_timeout_s
+from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.failover import open_with_failover
+from gateway.metrics import GapTimer
 from gateway.plan import Plan, plan_request
-from gateway.pools import Replica
-from gateway.relay import SSE_HEADERS, ChunkRewriter, relay_events
-from gateway.retry import full_jitter_backoff_s
-from gateway.routing import pick_least_inflight
+from gateway.relay import SSE_HEADERS, ChunkRewriter, Usage, relay_events
 from gateway.state import GatewayState
 from gateway.tiers import TIER_TO_SERVICE_TIER
 
@@ -48,30 +49,46 @@ class CompletionsEndpoint:
         self.path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        """Serve one request; every exit path answers the client (or records 499) and logs."""
+        """Serve one request; every exit path answers the client (or records 499) and is
+        accounted once."""
+        state = self.state
         rec = RequestRecord(request_id=scope.get("speedgate.request_id", ""), path=self.path)
+        rec.session_id = header(scope, b"x-session-id")
+        trace = state.telemetry.start_request(
+            scope["headers"], "chat" if self.kind == "chat" else "text_completion"
+        )
+        rec.trace_id = trace.trace_id
+        body: ParsedBody | None = None
+        relayed: list[bytes] = []
+        response_doc: dict[str, Any] | None = None
+        raw_size = 0
         try:
             # 1. admit
-            cfg = self.state.config.server
-            raw = await read_body(scope, receive, cfg.max_body_bytes)
+            raw = await read_body(scope, receive, state.config.server.max_body_bytes)
+            raw_size = len(raw)
             body = parse_body(raw, self.kind)
             # 2. plan
-            treq = self.state.models.resolve(
+            treq = state.models.resolve(
                 body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
             )
-            plan = plan_request(treq, self.state.pools)
+            plan = plan_request(treq, state.pools)
             timeout_s = header_timeout_s(
                 header(scope, b"x-speedgate-timeout"), header(scope, b"x-stainless-timeout")
             )
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
             async with DisconnectWatch(receive):
                 # 3. attempt
-                opened = await self._open(plan, body, rec, timeout_s)
+                opened = await open_with_failover(
+                    state, plan, body, rec, trace, self.path, timeout_s
+                )
                 try:
                     # 4. relay
-                    await self._respond(send, plan, opened, body, rec)
+                    response_doc = opened.doc
+                    await self._respond(send, plan, opened, body, rec, relayed)
                 finally:
                     opened.close()
+                    if opened.span is not None:
+                        opened.span.end(rec.outcome or "error", status=rec.status)
         except ClientDisconnected:
             rec.status, rec.outcome = 499, "client_disconnected"
         except GatewayError as e:
@@ -88,85 +105,16 @@ class CompletionsEndpoint:
                 await send_error(send, err, self._headers(rec))
         finally:
             # 5. account
-            rec.e2e_s = time.monotonic() - rec.t_start
-            self.state.metrics.observe(rec)
-            if self.state.config.server.access_log:
-                log_request(rec)
-
-    async def _open(
-        self, plan: Plan, body: ParsedBody, rec: RequestRecord, timeout_s: float | None
-    ) -> OpenedResponse:
-        """Try the pools of the plan's chain in order, each at most ``retry.max_attempts``
-        times on different replicas, until one answers (DESIGN §7: only before anything reached
-        the client). Raises the last failure when none does."""
-        add_usage = body.stream and not body.client_wants_usage
-        payloads: dict[str, bytes] = {}
-        loop = asyncio.get_running_loop()
-        reasons: list[str] = [plan.reason] if plan.reason == "tier-unavailable" else []
-        rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
-        last: GatewayError | None = None
-        deadline: float | None = None
-        for pool in plan.chain:
-            if deadline is None:  # the first pool's total timeout bounds the whole request
-                deadline = loop.time() + total_timeout_s(pool.config.timeouts.total_s, timeout_s)
-            served = pool.config.served_model_name
-            if served not in payloads:
-                payloads[served] = upstream_body(body, served, add_usage=add_usage)
-            pool.budget.record_request(loop.time())
-            tried: list[Replica] = []
-            for n in range(pool.config.retry.max_attempts):
-                replica = pick_least_inflight(pool.usable(loop.time()), exclude=tried)
-                if replica is None:
-                    reasons.append(f"{pool.tier}:no-usable-replica")
-                    break
-                if n > 0:
-                    if not pool.budget.try_acquire(loop.time()):
-                        reasons.append(f"{pool.tier}:retry-budget-exhausted")
-                        break
-                    assert last is not None
-                    if last.retry_after_s is None:  # a 429's Retry-After is that replica's
-                        pause = full_jitter_backoff_s(n, pool.config.retry)
-                        if loop.time() + pause >= deadline:
-                            break
-                        await asyncio.sleep(pause)
-                    rec.retries.append(reasons[-1])
-                tried.append(replica)
-                rec.attempts += 1
-                attempt = Attempt(
-                    pool=pool,
-                    replica=replica,
-                    payload=payloads[served],
-                    path=self.path,
-                    request_id=rec.request_id,
-                    stream=body.stream,
-                    deadline=deadline,
-                )
-                try:
-                    opened = await open_attempt(self.state.upstream, attempt)
-                except RetryableFailure as f:
-                    reasons.append(f"{pool.tier}:{f.reason}")
-                    last = f.error
-                    if f.replica_fault:
-                        pool.record_failure(replica, loop.time())
-                    continue
-                except UpstreamTimeout:  # the total deadline: nothing more to try
-                    pool.record_failure(replica, loop.time())
-                    rec.fallback = ",".join(reasons) or None
-                    raise
-                pool.record_success(replica)
-                rec.served_tier, rec.replica = pool.tier, replica.safe_url
-                rec.ttft_s = opened.ttft_s
-                if pool is not plan.chain[0] or plan.reason == "tier-unavailable":
-                    rec.fallback = ",".join(reasons)
-                return opened
-            if loop.time() >= deadline:
-                break
-        rec.fallback = ",".join(reasons) or None
-        if last is None:
-            raise NoHealthyReplica(
-                f"no healthy replica for model {plan.request.model_name!r}", retry_after_s=1
+            await account(
+                state,
+                rec,
+                trace,
+                kind=self.kind,
+                doc=body.doc if body is not None else None,
+                raw_size=raw_size,
+                relayed=relayed,
+                response_doc=response_doc,
             )
-        raise last
 
     async def _respond(
         self,
@@ -175,6 +123,7 @@ class CompletionsEndpoint:
         opened: OpenedResponse,
         body: ParsedBody,
         rec: RequestRecord,
+        relayed: list[bytes],
     ) -> None:
         pool = opened.attempt.pool
         rewriter = ChunkRewriter(
@@ -184,14 +133,19 @@ class CompletionsEndpoint:
         )
         headers = self._headers(rec)
         rec.response_started, rec.status = True, 200
+        replica = opened.attempt.replica
+        headers.append((b"x-speedgate-replica", replica.name.encode()))
         if not body.stream:
             assert opened.doc is not None
             rec.set_usage(opened.doc.get("usage"))
             rec.outcome = "ok"
+            headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s)
             await send_response(send, 200, rewriter.body(opened.doc), headers)
             return
+        headers.append((b"x-speedgate-ttft-s", f"{opened.ttft_s:.4f}".encode()))
         assert opened.head is not None and opened.batches is not None
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
+        rec.itl = GapTimer()
         result = await relay_events(
             send,
             opened.head,
@@ -201,17 +155,21 @@ class CompletionsEndpoint:
             stall_s=pool.config.timeouts.stall_s,
             total_s=pool.config.timeouts.total_s,
             deadline=opened.attempt.deadline,
+            itl=rec.itl,
+            relayed=relayed,
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         rec.usage = result.usage
         if result.ok:
             rec.outcome = "ok"
-        else:
-            assert result.error is not None
-            rec.outcome = result.error.code
-            if isinstance(result.error, UpstreamTimeout) and result.error.stage == "total":
+            return
+        assert result.error is not None
+        rec.outcome = result.error.code
+        if isinstance(result.error, UpstreamTimeout):
+            self.state.metrics.record_timeout(pool, result.error.stage)
+            if result.error.stage == "total":
                 return  # the deadline expired: not the replica's fault
-            pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
+        pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
 
     @staticmethod
     def _headers(rec: RequestRecord) -> list[tuple[bytes, bytes]]:
@@ -223,3 +181,22 @@ class CompletionsEndpoint:
         if rec.auto_reason:
             out.append((b"x-speedgate-auto-reason", rec.auto_reason.encode()))
         return out
+
+
+def usage_headers(
+    usage: Usage | None, prices: Prices, elapsed_s: float
+) -> list[tuple[bytes, bytes]]:
+    """Per-response accounting headers of a JSON response: tokens, cost (USD) and output
+    tokens per second over the upstream time ``elapsed_s``. None without usage."""
+    if usage is None:
+        return []
+    out = [
+        (b"x-speedgate-prompt-tokens", str(usage.prompt).encode()),
+        (b"x-speedgate-cached-tokens", str(usage.cached).encode()),
+        (b"x-speedgate-completion-tokens", str(usage.completion).encode()),
+        (b"x-speedgate-cost-usd", f"{cost_usd(usage, prices):.8f}".encode()),
+    ]
+    if elapsed_s > 0:
+        rate = f"{usage.completion / elapsed_s:.1f}".encode()
+        out.append((b"x-speedgate-output-tokens-per-s", rate))
+    return out

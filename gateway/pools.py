@@ -29,6 +29,7 @@ class Replica:
     consecutive_probe_failures: int = 0
     consecutive_probe_successes: int = 0
     safe_url: str = ""
+    name: str = ""  # "model/tier/index": how clients and logs name it without its address
     outlier: OutlierState = field(default_factory=OutlierState)
 
     def __post_init__(self) -> None:
@@ -100,7 +101,10 @@ class PoolRegistry:
         for name, model in config.models.items():
             for tier, pc in model.tiers.items():
                 pool = Pool(name, tier, pc)
-                pool.replicas = [Replica(u, pool.key) for u in pc.endpoint_urls()]
+                pool.replicas = [
+                    Replica(u, pool.key, name=f"{pool.key}/{i}")
+                    for i, u in enumerate(pc.endpoint_urls())
+                ]
                 self._pools[(name, tier)] = pool
 
     def get(self, model: str, tier: str) -> Pool | None:

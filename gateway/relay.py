@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.metrics import GapTimer
 from gateway.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.upstream import UpstreamBrokenError
 
@@ -118,6 +119,8 @@ async def relay_events(
     stall_s: float,
     total_s: float,
     deadline: float,
+    itl: GapTimer | None = None,
+    relayed: list[bytes] | None = None,
 ) -> StreamResult:
     """Send the ``head`` events (read before the attempt was committed) and every following
     batch of events to the client as soon as it is complete: one write per upstream read.
@@ -125,13 +128,16 @@ async def relay_events(
     ``stall_s``: longest allowed gap between upstream reads that complete events (seconds);
     ``deadline``: loop time at which the total deadline (``total_s``) expires. On a broken
     upstream, a stall or the deadline, sends one in-band error event and returns (the caller
-    closes the upstream connection so the engine aborts).
+    closes the upstream connection so the engine aborts). ``itl`` gets a tick per content event
+    sent (inter-token latency); ``relayed`` collects the content payloads sent (references, no
+    copies) so usage can be counted if the engine never reports it.
     """
     result = StreamResult()
     loop = asyncio.get_running_loop()
 
     def frame(events: list[SSEEvent], out: list[bytes]) -> bool:
         """Append the client bytes of ``events`` to ``out``; True once ``[DONE]`` is seen."""
+        now = loop.time()
         for ev in events:
             data = ev.data
             if data is None:
@@ -145,6 +151,10 @@ async def relay_events(
                 if strip_usage:
                     continue
             result.events += 1
+            if itl is not None:
+                itl.tick(now)
+            if relayed is not None:
+                relayed.append(data)
             out.append(encode_event(rewriter.chunk(data)))
         return False
 
@@ -160,7 +170,7 @@ async def relay_events(
         if done:
             result.ok = True
             return result
-        async with asyncio.timeout(min(loop.time() + stall_s, deadline)) as cm:
+        async with asyncio.timeout_at(min(loop.time() + stall_s, deadline)) as cm:
             async for batch in batches:
                 out = []
                 done = frame(batch, out)

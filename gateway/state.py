@@ -8,13 +8,16 @@ from gateway.config import GatewayConfig
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolRegistry
+from gateway.telemetry import Telemetry
 from gateway.tiers import ModelIndex
 from gateway.upstream import Upstream
+from gateway.usage_store import UsageStore
 
 
 @dataclass(slots=True)
 class GatewayState:
-    """Everything a request needs: config, name index, pools, upstream client, health, metrics."""
+    """Everything a request needs: config, name index, pools, upstream client, health probes,
+    metrics, traces and the usage totals store."""
 
     config: GatewayConfig
     models: ModelIndex
@@ -22,3 +25,5 @@ class GatewayState:
     upstream: Upstream
     health: HealthChecker
     metrics: GatewayMetrics
+    telemetry: Telemetry
+    usage: UsageStore

@@ -21,7 +21,12 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 
 
 class UpstreamConnectError(Exception):
-    """The replica could not be reached (refused, reset, DNS, connect timeout)."""
+    """The replica could not be reached (refused, reset, DNS, connect timeout); ``timeout``
+    is True for the connect timeout."""
+
+    def __init__(self, message: str, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.timeout = timeout
 
 
 class UpstreamBrokenError(Exception):

@@ -21,7 +21,9 @@ from tests.e2e.stack import MODEL, Stack
 pytestmark = pytest.mark.e2e
 
 TIMEOUTS = {"connect_s": 1, "ttft_s": 1.0, "stall_s": 1.0, "total_s": 30}
-POOL = {"outlier": {"consecutive_failures": 3, "base_ejection_s": 0.5}}
+# a generous retry budget here: its own test below measures the budget in a fresh stack
+POOL = {"outlier": {"consecutive_failures": 3, "base_ejection_s": 0.5},
+        "retry": {"budget_percent": 100, "budget_min_retries": 20}}
 
 
 def _msgs() -> list[dict]:
