@@ -37,8 +37,11 @@ class Stack:
         "--time-scale", "0.02", "--max-model-len", "1048576", "--num-gpu-blocks", "70000"
     )
     pool_overrides: dict = field(default_factory=dict)  # merged into every tier's pool config
+    tier_overrides: dict[str, dict] = field(default_factory=dict)  # merged into one tier's
     extra_endpoints: dict[str, list[str]] = field(default_factory=dict)  # non-simulator replicas
     health: dict = field(default_factory=lambda: {"interval_s": 0.5, "timeout_s": 1})
+    config_extra: dict = field(default_factory=dict)  # top-level config sections (state, ...)
+    config: dict = field(default_factory=dict)
     procs: list[subprocess.Popen] = field(default_factory=list)
     sims: dict[str, list[str]] = field(default_factory=dict)
     sim_procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # by URL
@@ -64,6 +67,7 @@ class Stack:
             cfg = {
                 "server": {"port": port, "max_body_bytes": 8 * 1024 * 1024},
                 "health": self.health,
+                **self.config_extra,
                 "models": {
                     MODEL: {
                         "aliases": {f"{MODEL}-fast": "fast", f"{MODEL}-auto": "auto"},
@@ -74,17 +78,30 @@ class Stack:
                                 "endpoints": urls + self.extra_endpoints.get(tier, []),
                                 "timeouts": self.timeouts,
                                 **self.pool_overrides,
+                                **self.tier_overrides.get(tier, {}),
                             }
                             for tier, urls in self.sims.items()
                         },
                     }
                 },
             }
-            cfg_path = self.tmp / "gateway.yaml"
-            cfg_path.write_text(yaml.safe_dump(cfg))
-            self.log_path = self.tmp / "gateway.log"
-            log = self.log_path.open("wb")
-            self.gateway = subprocess.Popen(
+            self.config = cfg
+            self.gateway, self.base_url = self._spawn_gateway(port, "gateway")
+            self._wait_gateway()
+            return self
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn_gateway(self, port: int, name: str) -> tuple[subprocess.Popen, str]:
+        cfg = {**self.config, "server": {**self.config["server"], "port": port}}
+        cfg_path = self.tmp / f"{name}.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg))
+        log_path = self.tmp / f"{name}.log"
+        if name == "gateway":
+            self.log_path = log_path
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "gateway", "serve", "-c", str(cfg_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -92,13 +109,24 @@ class Stack:
                 preexec_fn=die_with_parent,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-            self.procs.append(self.gateway)
-            self.base_url = f"http://127.0.0.1:{port}"
-            self._wait_gateway()
-            return self
-        except BaseException:
-            self.stop()
-            raise
+        self.procs.append(proc)
+        return proc, f"http://127.0.0.1:{port}"
+
+    def add_gateway(self) -> str:
+        """Start one more gateway replica with the same config (another port); its URL."""
+        n = len(list(self.tmp.glob("gateway*.yaml")))
+        proc, url = self._spawn_gateway(free_port(), f"gateway{n}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gateway {url} exited")
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return url
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"gateway {url} not up")
 
     def _wait_gateway(self, timeout_s: float = 30) -> None:
         deadline = time.monotonic() + timeout_s
