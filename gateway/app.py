@@ -25,6 +25,7 @@ from starlette.routing import Route
 from gateway import tokencount
 from gateway.asgi import Scope
 from gateway.config import GatewayConfig, load_config
+from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError
 from gateway.handler import CompletionsEndpoint
 from gateway.health import HealthChecker
@@ -124,12 +125,25 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         state = GatewayState(config, models, pools, upstream, health, metrics, telemetry, usage)
         holder["state"] = state
         app.state.gateway = state
+        discoveries = []
+        for pool in pools.all():
+            d = pool.config.discovery
+            if d is not None:
+                disc = DnsDiscovery(
+                    d.host, d.port, interval_s=d.interval_s, timeout_s=d.timeout_s,
+                    scheme=d.scheme, family=d.family, on_change=pool.set_endpoints,
+                )
+                await disc.resolve_once()
+                disc.start()
+                discoveries.append(disc)
         await tokencount.warm_up(config.telemetry.usage_estimate_encoding)
         await telemetry.start()
         health.start()
         try:
             yield
         finally:
+            for disc in discoveries:
+                await disc.stop()
             await health.stop()
             await upstream.close()
             await telemetry.shutdown()

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -93,10 +94,25 @@ class OutlierConfig(_Strict):
     probation_successes: int = Field(3, ge=1)
 
 
-class PoolConfig(_Strict):
-    """One engine pool: the replicas serving one model at one tier."""
+class DnsDiscoveryConfig(_Strict):
+    """Replicas discovered by DNS: one replica per address ``host`` resolves to (a Kubernetes
+    headless Service, a compose alias), re-resolved every ``interval_s``; see
+    ``gateway.discovery``."""
 
-    endpoints: list[AnyHttpUrl] = Field(min_length=1)
+    host: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+    family: Literal["auto", "ipv4", "ipv6", "any"] = "auto"
+
+
+class PoolConfig(_Strict):
+    """One engine pool: the replicas serving one model at one tier, listed in ``endpoints``
+    or found by ``discovery`` (exactly one of the two)."""
+
+    discovery: DnsDiscoveryConfig | None = None
+    endpoints: list[AnyHttpUrl] = Field(default_factory=list, validate_default=True)
     served_model_name: str = Field(min_length=1)
     timeouts: Timeouts = Timeouts()
     retry: RetryConfig = RetryConfig()
@@ -108,7 +124,12 @@ class PoolConfig(_Strict):
 
     @field_validator("endpoints")
     @classmethod
-    def _unique_endpoints(cls, v: list[AnyHttpUrl]) -> list[AnyHttpUrl]:
+    def _unique_endpoints(cls, v: list[AnyHttpUrl], info: ValidationInfo) -> list[AnyHttpUrl]:
+        has_discovery = info.data.get("discovery") is not None
+        if not v and not has_discovery:
+            raise ValueError("at least one endpoint URL is required (or set discovery)")
+        if v and has_discovery:
+            raise ValueError("set endpoints or discovery, not both")
         urls = [str(u).rstrip("/") for u in v]
         if len(set(urls)) != len(urls):
             raise ValueError("duplicate endpoint URL in pool")

@@ -54,6 +54,16 @@ class Pool:
         """``model/tier``, the pool's name in logs and metrics."""
         return f"{self.model}/{self.tier}"
 
+    def set_endpoints(self, urls: list[str]) -> None:
+        """Replace the replica list (DNS discovery): replicas whose URL stays keep their state
+        (in-flight, health, ejection); new URLs join healthy; gone ones leave (requests in
+        flight on them still hold their own reference)."""
+        by_url = {r.url: r for r in self.replicas}
+        self.replicas = [
+            by_url.get(u) or Replica(u, self.key, name=f"{self.key}/{redact_url(u)}")
+            for u in urls
+        ]
+
     def usable(self, now: float) -> list[Replica]:
         """Replicas that are healthy, not ejected at ``now`` (monotonic s) and below the pool's
         ``max_inflight_per_replica`` cap (0 = no cap)."""
