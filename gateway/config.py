@@ -81,6 +81,12 @@ class RetryConfig(_Strict):
     budget_percent: float = Field(20.0, ge=0, le=100)
     budget_min_retries: int = Field(3, ge=0)
     budget_window_s: float = Field(10.0, gt=0)
+    max_retry_after_s: float = Field(
+        2.0,
+        ge=0,
+        description="when every replica was tried, wait for a Retry-After up to this long "
+        "(and within the deadline) and ask again; longer ones go back to the client",
+    )
 
 
 class OutlierConfig(_Strict):

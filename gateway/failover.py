@@ -17,7 +17,7 @@ from gateway.body import ParsedBody, upstream_body
 from gateway.deadline import total_timeout_s
 from gateway.errors import EngineClientError, GatewayError, NoHealthyReplica, UpstreamTimeout
 from gateway.plan import Plan
-from gateway.pools import Replica
+from gateway.pools import Pool, Replica
 from gateway.retry import full_jitter_backoff_s
 from gateway.routing import pick_least_inflight
 from gateway.state import GatewayState
@@ -64,6 +64,11 @@ async def open_with_failover(
         tried: list[Replica] = []
         for n in range(pool.config.retry.max_attempts):
             replica = pick_least_inflight(pool.usable(loop.time()), exclude=tried)
+            pause = 0.0
+            if replica is None and n > 0:
+                # Every replica tried. A short Retry-After from the last one that fits the
+                # deadline is honoured: wait for it and ask that replica again.
+                replica, pause = _honour_retry_after(last, tried, pool, loop.time(), deadline)
             if replica is None:
                 reasons.append(f"{pool.tier}:no-usable-replica")
                 break
@@ -72,8 +77,10 @@ async def open_with_failover(
                     reasons.append(f"{pool.tier}:retry-budget-exhausted")
                     break
                 assert last is not None
-                if last.retry_after_s is None:  # a 429's Retry-After is that replica's only
+                if not pause and last.retry_after_s is None:
+                    # a Retry-After is that replica's alone: another replica goes at once
                     pause = full_jitter_backoff_s(n, pool.config.retry)
+                if pause:
                     if loop.time() + pause >= deadline:
                         break
                     await asyncio.sleep(pause)
@@ -146,3 +153,23 @@ async def open_with_failover(
             f"no healthy replica for model {plan.request.model_name!r}", retry_after_s=1
         )
     raise last
+
+
+def _honour_retry_after(
+    last: GatewayError | None,
+    tried: list[Replica],
+    pool: Pool,
+    now: float,
+    deadline: float,
+) -> tuple[Replica | None, float]:
+    """``(replica, seconds to wait)`` when the last failure carried a ``Retry-After`` no longer
+    than ``retry.max_retry_after_s`` that ends before the deadline; else ``(None, 0)``."""
+    if last is None or last.retry_after_s is None or not tried:
+        return None, 0.0
+    wait = last.retry_after_s
+    if wait > pool.config.retry.max_retry_after_s or now + wait >= deadline:
+        return None, 0.0
+    replica = tried[-1]
+    if replica not in pool.usable(now + wait):
+        return None, 0.0
+    return replica, max(wait, 0.001)

@@ -301,3 +301,21 @@ def test_retry_budget_bounds_attempts_in_an_outage(tmp_path):
         assert s.sim_stats("standard")["requests"] == 30 + 6 + 3
     finally:
         s.stop()
+
+
+def test_short_retry_after_is_honoured_when_every_replica_said_it(http: httpx.Client,
+                                                                   stack: Stack):
+    for url in stack.sims["standard"]:
+        _set_faults(url, {"status": 503, "retry_after": 1})
+    timer = threading.Timer(0.5, lambda: [httpx.delete(u + "/sim/faults")
+                                          for u in stack.sims["standard"]])
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        r = http.post(CHAT, json={"model": MODEL, "messages": _msgs(), "max_tokens": 3})
+        elapsed = time.monotonic() - t0
+    finally:
+        timer.join()
+    assert r.status_code == 200  # the third attempt, after waiting the 1 s Retry-After
+    assert 1.0 <= elapsed < 2.5
+    assert len(stack.sim_requests("standard")) == 3
