@@ -17,8 +17,9 @@ install: $(STAMP)  ## create .venv and install speedgate with its dev extras
 demo: $(STAMP)  ## simulated standard + fast pools and a gateway on http://127.0.0.1:8080
 	$(BIN)/speedgate demo --port $${PORT:-8080}
 
-test: $(STAMP)  ## lint + the whole test suite (unit, simulator, end to end)
+test: $(STAMP)  ## lint + the whole test suite (unit, simulator, end to end); starts Redis if needed
 	$(BIN)/ruff check .
+	bash tests/ensure-redis.sh
 	$(BIN)/pytest -q
 
 test-unit: $(STAMP)
@@ -38,3 +39,13 @@ bench-clients: $(STAMP)  ## aiohttp vs httpx as the upstream client
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+
+.PHONY: loadtest race capacity
+loadtest: $(STAMP)  ## locust on the CPU stack -> reports/loadtest-<time>/summary.md + plots (ARGS=...)
+	$(BIN)/python -m loadtests.run_loadtest $(ARGS)
+
+race: $(STAMP)  ## direct vs speedgate vs LiteLLM proxy (installs LiteLLM into loadtests/.venv-litellm)
+	$(BIN)/python -m loadtests.bench_race $(ARGS)
+
+capacity: $(STAMP)  ## concurrent slow streams one gateway process holds, memory per stream
+	$(BIN)/python -m loadtests.bench_capacity $(ARGS)

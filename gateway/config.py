@@ -31,6 +31,7 @@ from pydantic_settings import (
 )
 
 from gateway.telemetry import TelemetryConfig
+from gateway.urls import redact_url
 
 Tier = Literal["standard", "fast"]
 TierChoice = Literal["standard", "fast", "auto"]
@@ -113,6 +114,43 @@ class DnsDiscoveryConfig(_Strict):
     family: Literal["auto", "ipv4", "ipv6", "any"] = "auto"
 
 
+RoutingWeights = dict[Literal["prefix", "session", "load", "hash"], float]
+
+
+class RoutingConfig(_Strict):
+    """Replica choice within a pool (DESIGN §5-6; see ``gateway.routing``).
+
+    ``policy``: ``pipeline`` (filters → weighted scorers → picker) or ``round_robin`` (a
+    baseline). ``weights``: scorer name → weight (a missing scorer is off); every scorer scores
+    in [0, 1]. ``bounded_load_c``: no replica is picked above ``c`` × the mean load (consistent
+    hashing with bounded loads, Mirrokni, Thorup, Zadimoghaddam 2018); 0 = off.
+    ``bounded_load_min``: the bound is never below this many requests (an engine batches
+    hundreds of sequences: at 1-3 requests the strict bound would only scatter caches).
+    ``chunk_chars``: characters per prefix block (~4 chars per token, so 2048 ≈ 512 tokens
+    ≈ 32 vLLM blocks). ``max_hash_chars``: conversation characters hashed at most (the rest
+    only shares its replica). ``table_*``: the in-memory block-hash → replica table (entries;
+    ~120 bytes each) and the TTL (s) of every binding, in memory or Redis.
+    ``load_scrape_interval_s``: how often each replica's ``/metrics`` is read (0 = never).
+    """
+
+    policy: Literal["pipeline", "round_robin"] = "pipeline"
+    weights: RoutingWeights = {"prefix": 3.0, "session": 2.0, "load": 1.0, "hash": 0.25}
+    bounded_load_c: float = Field(1.25, ge=0)
+    bounded_load_min: int = Field(4, ge=1)
+    chunk_chars: int = Field(2048, ge=64)
+    max_hash_chars: int = Field(16 * 1024 * 1024, ge=1024)
+    table_max_entries: int = Field(200_000, ge=16)
+    table_ttl_s: float = Field(3600.0, gt=0)
+    load_scrape_interval_s: float = Field(1.0, ge=0)
+
+    @field_validator("weights")
+    @classmethod
+    def _non_negative(cls, v: RoutingWeights) -> RoutingWeights:
+        if any(w < 0 for w in v.values()):
+            raise ValueError("weights must be >= 0")
+        return v
+
+
 class PoolConfig(_Strict):
     """One engine pool: the replicas serving one model at one tier, listed in ``endpoints``
     or found by ``discovery`` (exactly one of the two)."""
@@ -127,6 +165,7 @@ class PoolConfig(_Strict):
     max_inflight_per_replica: int = Field(
         0, ge=0, description="Replicas at this many in-flight requests are skipped; 0 = no cap."
     )
+    routing: RoutingConfig = RoutingConfig()
 
     @field_validator("endpoints")
     @classmethod
@@ -136,6 +175,14 @@ class PoolConfig(_Strict):
             raise ValueError("at least one endpoint URL is required (or set discovery)")
         if v and has_discovery:
             raise ValueError("set endpoints or discovery, not both")
+        for u in v:
+            if u.query or u.fragment:
+                raise ValueError(f"{redact_url(str(u))}: a base URL takes no query or fragment")
+            if (u.path or "").rstrip("/").endswith("/v1"):
+                raise ValueError(
+                    f"{redact_url(str(u))}: give the engine's base URL without /v1 "
+                    "(the gateway appends /v1/chat/completions)"
+                )
         urls = [str(u).rstrip("/") for u in v]
         if len(set(urls)) != len(urls):
             raise ValueError("duplicate endpoint URL in pool")
@@ -206,8 +253,20 @@ class ServerConfig(_Strict):
         ge=1024,
         description="Largest accepted request body. A 1M-token conversation is ~4-8 MiB of JSON.",
     )
+    graceful_shutdown_s: float = Field(
+        60.0,
+        ge=0,
+        description="on SIGTERM, seconds open streams get to finish before they are ended with "
+        "an in-band error (long agent streams: keep near the orchestrator's grace period)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     access_log: bool = True
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="Total size of the request headers; larger gets 431."
+    )
+    max_json_depth: int = Field(
+        64, ge=4, description="Deepest nesting of arrays/objects in a request body; deeper: 400."
+    )
 
 
 class UpstreamConfig(_Strict):
@@ -239,6 +298,71 @@ class StateConfig(_Strict):
     redis_timeout_s: float = Field(
         0.1, gt=0, description="socket timeout of each Redis call; a slow Redis never stalls"
     )
+    routing_key_prefix: str = Field(
+        "speedgate:route:", description="prefix of the routing keys (sessions, prefix blocks)"
+    )
+    breaker_failures: int = Field(3, ge=1, description="Redis failures in a row to open")
+    breaker_cooldown_s: float = Field(5.0, gt=0, description="open circuit: Redis skipped (s)")
+
+
+class KeyLimits(_Strict):
+    """Per-key limits, enforced across gateway replicas (``gateway.ratelimit``); 0 = no limit.
+
+    ``requests_per_min`` and ``tokens_per_min`` are token buckets refilled continuously
+    (capacity = the limit, refill = limit / 60 s); tokens are prompt + completion tokens.
+    ``concurrent`` caps the key's requests in flight."""
+
+    requests_per_min: int = Field(0, ge=0)
+    tokens_per_min: int = Field(0, ge=0)
+    concurrent: int = Field(0, ge=0)
+
+
+class ApiKeyConfig(_Strict):
+    """One API key, stored only as a hash (``speedgate keygen`` prints a key and its hash).
+
+    ``hash``: ``sha256:<64 hex>`` of the whole key string. ``models``: client-facing model
+    names (configured models; aliases resolve to their model) or ``*``. ``tiers``: tiers the key
+    may be served on. ``admin``: may read any key's ``/v1/usage``."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@\-]+$")
+    hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    models: list[str] = Field(default_factory=lambda: ["*"])
+    tiers: list[Tier] = Field(default_factory=lambda: list(TIERS), min_length=1)
+    limits: KeyLimits = KeyLimits()
+    admin: bool = False
+
+
+class AuthConfig(_Strict):
+    """API-key authentication (``Authorization: Bearer <key>``), see ``gateway.auth``.
+
+    ``enabled``: None (default) = on when ``keys`` or ``keys_file`` is set; true/false forces it
+    (true with no key refuses every request). ``keys_file``: a YAML file ``{keys: [...]}`` of
+    the same entries as ``keys`` (the Kubernetes Secret mounted at
+    ``/etc/speedgate/secrets/api-keys.yaml``), read at startup and merged with ``keys``."""
+
+    enabled: bool | None = None
+    keys: list[ApiKeyConfig] = Field(default_factory=list)
+    keys_file: str | None = None
+
+    @property
+    def is_enabled(self) -> bool:
+        """Whether requests must carry a valid key."""
+        if self.enabled is not None:
+            return self.enabled
+        return bool(self.keys) or self.keys_file is not None
+
+
+class RateLimitConfig(_Strict):
+    """How per-key limits are kept (``gateway.ratelimit``). With ``state.redis_url`` the
+    counters are shared by all gateway replicas (atomic Lua check-and-reserve); else in memory.
+
+    ``fail_mode``: when Redis cannot answer (timeout, breaker open), ``open`` keeps limiting on
+    this replica's in-memory counters, ``closed`` refuses the request (503 + Retry-After).
+    ``slot_ttl_s``: a concurrency slot left by a crashed gateway expires after this long."""
+
+    fail_mode: Literal["open", "closed"] = "open"
+    slot_ttl_s: float = Field(3600.0, gt=0)
+    redis_prefix: str = "speedgate:rl:"
 
 
 class GatewayConfig(BaseSettings):
@@ -256,6 +380,8 @@ class GatewayConfig(BaseSettings):
     health: HealthConfig = HealthConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     state: StateConfig = StateConfig()
+    auth: AuthConfig = AuthConfig()
+    rate_limits: RateLimitConfig = RateLimitConfig()
     models: dict[str, ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

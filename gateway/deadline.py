@@ -8,8 +8,11 @@ the pool's ``total_s``, never extend it.
 from __future__ import annotations
 
 import math
+import re
 
 from gateway.errors import InvalidRequest
+
+_SECONDS = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")  # plain decimal seconds, no "1_0" or "1e3"
 
 
 def header_timeout_s(speedgate: str | None, stainless: str | None) -> float | None:
@@ -19,10 +22,7 @@ def header_timeout_s(speedgate: str | None, stainless: str | None) -> float | No
     unparsable ``x-stainless-timeout`` (not ours) is ignored.
     """
     if speedgate is not None:
-        try:
-            value = float(speedgate)
-        except ValueError:
-            value = math.nan
+        value = float(speedgate) if _SECONDS.fullmatch(speedgate.strip()) else math.nan
         if not (value > 0 and math.isfinite(value)):
             raise InvalidRequest(
                 "x-speedgate-timeout must be a positive number of seconds",

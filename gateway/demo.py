@@ -159,11 +159,19 @@ Models: {MODEL} (standard), {MODEL}-fast, {MODEL}-standard, {MODEL}-auto.  Ctrl-
 
 
 def run_demo(
-    port: int = 8080, host: str = "127.0.0.1", replicas_per_tier: int = 2, time_scale: float = 1.0
+    port: int = 8080,
+    host: str = "127.0.0.1",
+    replicas_per_tier: int = 2,
+    time_scale: float = 1.0,
+    engine: str = "sim",
 ) -> int:
-    """Run the demo until interrupted; returns the exit status."""
+    """Run the demo until interrupted; returns the exit status. ``engine``: ``sim`` (the
+    simulator) or ``vllm`` (real vLLM on CPU with a tiny random-weight model, see
+    ``engines.vllm``; installs its venv on first use)."""
     from gateway.cli import run_server
 
+    if engine == "vllm":
+        return _run_vllm_demo(port, host, replicas_per_tier)
     procs: list[subprocess.Popen] = []
     atexit.register(stop_processes, procs)
 
@@ -191,4 +199,47 @@ def run_demo(
         return 1
     finally:
         stop_processes(procs)
+    return 0
+
+
+def _run_vllm_demo(port: int, host: str, replicas_per_tier: int) -> int:
+    """``run_demo`` on real vLLM: ``replicas_per_tier`` CPU vLLM servers per tier (the fast
+    ones with ngram speculative decoding), each ~1.6 GB and ~30 s to start."""
+    import tempfile
+    from pathlib import Path
+
+    from engines.vllm import prepare
+    from engines.vllm.launcher import VllmReplica, start_replica, stop_replicas
+    from gateway.cli import run_server
+
+    replicas: list[VllmReplica] = []
+    atexit.register(stop_replicas, replicas)
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    run_dir = Path(tempfile.mkdtemp(prefix="speedgate-vllm-demo-"))
+    try:
+        python, model = prepare()
+        urls: dict[str, list[str]] = {"standard": [], "fast": []}
+        for tier in ("standard", "fast"):
+            for i in range(replicas_per_tier):
+                r = start_replica(tier, free_port(), run_dir / f"{tier}{i}", python=python,
+                                  model_path=model, served_model_name=MODEL)
+                replicas.append(r)
+                urls[tier].append(r.url)
+        print(f"speedgate demo: starting {len(replicas)} vLLM replicas (logs in {run_dir})...",
+              file=sys.stderr, flush=True)
+        for r in replicas:
+            r.wait_healthy()
+        print(_banner(host, port, urls["standard"], urls["fast"]), flush=True)
+        run_server(demo_config(urls["standard"], urls["fast"], host, port))
+    except KeyboardInterrupt:
+        pass
+    except RuntimeError as e:
+        print(f"speedgate demo: {e}", file=sys.stderr)
+        return 1
+    finally:
+        stop_replicas(replicas)
     return 0

@@ -133,7 +133,7 @@ def parse_engine_error(status: int, body: bytes) -> EngineClientError:
     Understands both vLLM shapes: ``{"error": {"message", "type", "param", "code"}}`` (vLLM ≥
     0.10) and the older flat ``{"object": "error", "message", "type", "param", "code"}``. A body
     that is neither keeps its text (truncated to 1000 characters) as the message. Statuses ≥ 500
-    become 502 ``upstream_error``; 4xx keep their status.
+    (and any other non-200 below 400) become 502 ``upstream_error``; 4xx keep their status.
     """
     message: str | None = None
     param: str | None = None
@@ -153,7 +153,7 @@ def parse_engine_error(status: int, body: bytes) -> EngineClientError:
     if message is None:
         text = body[:1000].decode("utf-8", "replace").strip()
         message = text or f"engine returned HTTP {status}"
-    if status >= 500:
+    if status >= 500 or status < 400:  # a 5xx, or a 1xx/2xx/3xx that is not an answer
         return EngineClientError(
             f"engine error (HTTP {status}): {message}",
             status=502,

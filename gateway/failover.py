@@ -19,7 +19,7 @@ from gateway.errors import EngineClientError, GatewayError, NoHealthyReplica, Up
 from gateway.plan import Plan
 from gateway.pools import Pool, Replica
 from gateway.retry import full_jitter_backoff_s
-from gateway.routing import pick_least_inflight
+from gateway.routing import RouteRequest, pick_replica
 from gateway.state import GatewayState
 from gateway.telemetry import RequestTrace
 
@@ -50,10 +50,15 @@ async def open_with_failover(
     rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
     last: GatewayError | None = None
     deadline: float | None = None
+    total_s = 0.0
+    last_reason = ""
     previous_tier: str | None = None
+    # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
+    route = RouteRequest.from_doc(body.doc, rec.session_id)
     for pool in plan.chain:
         if deadline is None:  # the first pool's total timeout bounds the whole request
-            deadline = loop.time() + total_timeout_s(pool.config.timeouts.total_s, timeout_s)
+            total_s = total_timeout_s(pool.config.timeouts.total_s, timeout_s)
+            deadline = loop.time() + total_s
         if previous_tier is not None:
             metrics.record_fallback(plan.request.model_name, previous_tier, pool.tier)
         previous_tier = pool.tier
@@ -63,17 +68,18 @@ async def open_with_failover(
         pool.budget.record_request(loop.time())
         tried: list[Replica] = []
         for n in range(pool.config.retry.max_attempts):
-            replica = pick_least_inflight(pool.usable(loop.time()), exclude=tried)
+            replica = await pick_replica(pool, route, pool.usable(loop.time()), exclude=tried)
             pause = 0.0
             if replica is None and n > 0:
                 # Every replica tried. A short Retry-After from the last one that fits the
                 # deadline is honoured: wait for it and ask that replica again.
                 replica, pause = _honour_retry_after(last, tried, pool, loop.time(), deadline)
             if replica is None:
-                reasons.append(f"{pool.tier}:no-usable-replica")
+                reasons.append(f"{pool.tier}:{'replicas-exhausted' if n else 'no-usable-replica'}")
                 break
             if n > 0:
-                if not pool.budget.try_acquire(loop.time()):
+                # a refused connection cost the engine nothing: it does not spend the budget
+                if last_reason != "connect-error" and not pool.budget.try_acquire(loop.time()):
                     reasons.append(f"{pool.tier}:retry-budget-exhausted")
                     break
                 assert last is not None
@@ -107,13 +113,14 @@ async def open_with_failover(
                 request_id=rec.request_id,
                 stream=body.stream,
                 deadline=deadline,
+                total_s=total_s,
                 extra_headers=span.headers(),
             )
             try:
                 opened = await open_attempt(state.upstream, attempt)
             except RetryableFailure as f:
                 reasons.append(f"{pool.tier}:{f.reason}")
-                last = f.error
+                last, last_reason = f.error, f.reason
                 span.end(f.reason, status=f.error.status)
                 metrics.record_attempt(pool, f.reason)
                 if f.reason == "ttft-timeout":
@@ -127,7 +134,7 @@ async def open_with_failover(
                 span.end("total-timeout")
                 metrics.record_attempt(pool, "total-timeout")
                 metrics.record_timeout(pool, e.stage)
-                pool.record_failure(replica, loop.time())
+                # not the replica's fault: the request's own deadline (a client's may be short)
                 rec.fallback = ",".join(reasons) or None
                 raise
             except EngineClientError as e:

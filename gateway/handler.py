@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from gateway.access import RequestRecord
 from gateway.accounting import account
+from gateway.admission import Gate
 from gateway.asgi import (
     ClientDisconnected,
     DisconnectWatch,
@@ -31,9 +32,11 @@ from gateway.cost import cost_usd
 from gateway.deadline import header_timeout_s
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.failover import open_with_failover
+from gateway.hardening import check_json_shape
 from gateway.metrics import GapTimer
 from gateway.plan import Plan, plan_request
-from gateway.relay import SSE_HEADERS, ChunkRewriter, Usage, relay_events
+from gateway.ratelimit import Reservation
+from gateway.relay import SSE_HEADERS, ChunkRewriter, Usage, error_event, relay_events
 from gateway.state import GatewayState
 from gateway.tiers import TIER_TO_SERVICE_TIER
 
@@ -43,9 +46,12 @@ log = logging.getLogger("speedgate.handler")
 class CompletionsEndpoint:
     """ASGI app for ``POST /v1/chat/completions`` (``kind="chat"``) and ``/v1/completions``."""
 
-    def __init__(self, state: GatewayState, kind: Literal["chat", "completion"]) -> None:
+    def __init__(
+        self, state: GatewayState, kind: Literal["chat", "completion"], gate: Gate | None = None
+    ) -> None:
         self.state = state
         self.kind = kind
+        self.gate = gate  # API keys, entitlements, rate limits; None = open gateway
         self.path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -62,16 +68,24 @@ class CompletionsEndpoint:
         relayed: list[bytes] = []
         response_doc: dict[str, Any] | None = None
         raw_size = 0
+        gate = self.gate
+        reservation: Reservation | None = None
+        limit_headers: list[tuple[bytes, bytes]] = []
         try:
-            # 1. admit
+            # 1. admit (the key before reading the body; limits once the body is known)
+            key = gate.authenticate(scope, rec) if gate is not None else None
             raw = await read_body(scope, receive, state.config.server.max_body_bytes)
             raw_size = len(raw)
             body = parse_body(raw, self.kind)
-            # 2. plan
+            check_json_shape(body.doc, state.config.server.max_json_depth)
+            # 2. plan (restricted to the tiers the key is entitled to)
             treq = state.models.resolve(
                 body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
             )
-            plan = plan_request(treq, state.pools)
+            allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
+            plan = plan_request(treq, state.pools, allowed)
+            if gate is not None:
+                reservation, limit_headers = await gate.reserve(key, body, self.kind, raw_size)
             timeout_s = header_timeout_s(
                 header(scope, b"x-speedgate-timeout"), header(scope, b"x-stainless-timeout")
             )
@@ -84,7 +98,7 @@ class CompletionsEndpoint:
                 try:
                     # 4. relay
                     response_doc = opened.doc
-                    await self._respond(send, plan, opened, body, rec, relayed)
+                    await self._respond(send, plan, opened, body, rec, relayed, limit_headers)
                 finally:
                     opened.close()
                     if opened.span is not None:
@@ -95,26 +109,38 @@ class CompletionsEndpoint:
             rec.outcome = rec.outcome or e.code or e.type
             if not rec.response_started:
                 rec.status = e.status
-                await send_error(send, e, self._headers(rec))
+                await send_error(send, e, self._headers(rec) + limit_headers)
         except Exception:
             log.exception("internal error on request %s", rec.request_id)
             rec.outcome = "internal_error"
+            err = GatewayError("internal gateway error", code="internal_error")
             if not rec.response_started:
-                err = GatewayError("internal gateway error", code="internal_error")
                 rec.status = err.status
                 await send_error(send, err, self._headers(rec))
+            elif rec.stream:  # the stream started: end it with one in-band error event
+                await end_stream_with_error(send, err)
+        except asyncio.CancelledError:  # server shutdown (past its grace period)
+            rec.outcome = rec.outcome or "shutdown"
+            if rec.response_started and rec.stream:
+                err = GatewayError("gateway shutting down", status=503, code="shutdown")
+                await end_stream_with_error(send, err)
+            raise
         finally:
-            # 5. account
-            await account(
-                state,
-                rec,
-                trace,
-                kind=self.kind,
-                doc=body.doc if body is not None else None,
-                raw_size=raw_size,
-                relayed=relayed,
-                response_doc=response_doc,
-            )
+            # 5. account, then give back the rate-limit reservation with the actual usage
+            try:
+                await account(
+                    state,
+                    rec,
+                    trace,
+                    kind=self.kind,
+                    doc=body.doc if body is not None else None,
+                    raw_size=raw_size,
+                    relayed=relayed,
+                    response_doc=response_doc,
+                )
+            finally:
+                if reservation is not None and gate is not None:
+                    await gate.release(reservation, rec)
 
     async def _respond(
         self,
@@ -124,6 +150,7 @@ class CompletionsEndpoint:
         body: ParsedBody,
         rec: RequestRecord,
         relayed: list[bytes],
+        limit_headers: list[tuple[bytes, bytes]],
     ) -> None:
         pool = opened.attempt.pool
         rewriter = ChunkRewriter(
@@ -131,19 +158,20 @@ class CompletionsEndpoint:
             plan.request.model_name,
             TIER_TO_SERVICE_TIER[pool.tier],
         )
-        headers = self._headers(rec)
-        rec.response_started, rec.status = True, 200
+        headers = self._headers(rec) + limit_headers
         replica = opened.attempt.replica
         headers.append((b"x-speedgate-replica", replica.name.encode()))
         if not body.stream:
             assert opened.doc is not None
             rec.set_usage(opened.doc.get("usage"))
-            rec.outcome = "ok"
             headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s)
-            await send_response(send, 200, rewriter.body(opened.doc), headers)
+            payload = rewriter.body(opened.doc)
+            rec.response_started, rec.status, rec.outcome = True, 200, "ok"
+            await send_response(send, 200, payload, headers)
             return
         headers.append((b"x-speedgate-ttft-s", f"{opened.ttft_s:.4f}".encode()))
         assert opened.head is not None and opened.batches is not None
+        rec.response_started, rec.status = True, 200
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
         rec.itl = GapTimer()
         result = await relay_events(
@@ -153,7 +181,7 @@ class CompletionsEndpoint:
             rewriter,
             strip_usage=not body.client_wants_usage,
             stall_s=pool.config.timeouts.stall_s,
-            total_s=pool.config.timeouts.total_s,
+            total_s=opened.attempt.total_s,
             deadline=opened.attempt.deadline,
             itl=rec.itl,
             relayed=relayed,
@@ -200,3 +228,12 @@ def usage_headers(
         rate = f"{usage.completion / elapsed_s:.1f}".encode()
         out.append((b"x-speedgate-output-tokens-per-s", rate))
     return out
+
+
+async def end_stream_with_error(send: Any, err: GatewayError) -> None:
+    """Best effort: one in-band error event and the end of a started SSE stream (the client
+    may be gone already)."""
+    try:
+        await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
+    except Exception:
+        pass

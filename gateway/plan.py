@@ -32,19 +32,33 @@ class Plan:
         return self.request.tier
 
 
-def plan_request(req: TierRequest, pools: PoolRegistry) -> Plan:
-    """Choose the first tier for ``req`` and build its fallback chain of pools."""
+def plan_request(
+    req: TierRequest, pools: PoolRegistry, allowed_tiers: frozenset[str] | None = None
+) -> Plan:
+    """Choose the first tier for ``req`` and build its fallback chain of pools.
+
+    ``allowed_tiers`` (the API key's entitlement, ``auth.check_request``; None = all) narrows
+    ``auto`` and the first tier to those tiers (reason ``tier-not-entitled``) and drops every
+    other tier from the fallback chain, so no fallback lands on a tier the key lacks."""
     model = req.model
     reason: str | None = None
     if req.tier == "auto":
-        first, reason = _choose_auto(req, pools)
+        if allowed_tiers is not None and "fast" not in allowed_tiers:
+            first, reason = "standard", "auto-not-entitled"
+        else:
+            first, reason = _choose_auto(req, pools)
     elif req.tier in model.tiers:
         first = req.tier
     else:
         first = "standard" if "standard" in model.tiers else next(iter(model.tiers))
         reason = "tier-unavailable"
+    if allowed_tiers is not None and first not in allowed_tiers:
+        first = next((t for t in model.tiers if t in allowed_tiers), first)
+        reason = reason if req.tier == "auto" else "tier-not-entitled"
     chain: list[Pool] = []
     for tier in model.fallback_chain(first):
+        if allowed_tiers is not None and tier not in allowed_tiers:
+            continue
         pool = pools.get(req.model_name, tier)
         if pool is not None:
             chain.append(pool)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.config import GatewayConfig, PoolConfig, Tier
 from gateway.outlier import OutlierState, max_ejected, record_failure, record_success
 from gateway.retry import RetryBudget
 from gateway.urls import redact_url
+
+if TYPE_CHECKING:
+    from gateway.routing.pipeline import PoolRouter
 
 log = logging.getLogger("speedgate.pools")
 
@@ -31,6 +36,11 @@ class Replica:
     safe_url: str = ""
     name: str = ""  # "model/tier/index": how clients and logs name it without its address
     outlier: OutlierState = field(default_factory=OutlierState)
+    # engine load scraped from its /metrics (gateway.routing.load); engine_load_at: monotonic s
+    engine_running: int = 0
+    engine_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    engine_load_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.safe_url = redact_url(self.url)
@@ -45,6 +55,7 @@ class Pool:
     config: PoolConfig
     replicas: list[Replica] = field(default_factory=list)
     budget: RetryBudget = field(init=False)
+    router: PoolRouter | None = None  # set by gateway.routing.service at startup
 
     def __post_init__(self) -> None:
         self.budget = RetryBudget(self.config.retry)
@@ -60,7 +71,7 @@ class Pool:
         flight on them still hold their own reference)."""
         by_url = {r.url: r for r in self.replicas}
         self.replicas = [
-            by_url.get(u) or Replica(u, self.key, name=f"{self.key}/{redact_url(u)}")
+            by_url.get(u) or Replica(u, self.key, name=f"{self.key}/{_short_hash(u)}")
             for u in urls
         ]
 
@@ -128,3 +139,8 @@ class PoolRegistry:
     def replicas(self) -> list[Replica]:
         """Every replica of every pool."""
         return [r for p in self._pools.values() for r in p.replicas]
+
+
+def _short_hash(url: str) -> str:
+    """A stable 8-hex-digit name for a discovered replica (its address is not for clients)."""
+    return hashlib.sha256(url.encode()).hexdigest()[:8]

@@ -27,6 +27,9 @@ SSE_HEADERS: list[tuple[bytes, bytes]] = [
 ]
 
 
+_MISSING = object()
+
+
 @dataclass(slots=True)
 class Usage:
     """Token usage of one request: ``prompt`` (includes ``cached``), ``completion``; tokens."""
@@ -37,16 +40,17 @@ class Usage:
 
     @classmethod
     def from_openai(cls, usage: Any) -> Usage | None:
-        """From an OpenAI ``usage`` object (``prompt_tokens_details.cached_tokens`` optional)."""
+        """From an OpenAI ``usage`` object (``prompt_tokens_details.cached_tokens`` optional).
+        None when absent or malformed (non-integer counts): the gateway then counts itself."""
         if not isinstance(usage, dict):
             return None
         details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        return cls(
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-            int(cached or 0),
-        )
+        cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        cached = cached or 0
+        if not all(type(v) is int and v >= 0 for v in (prompt, completion, cached)):
+            return None
+        return cls(prompt, completion, min(cached, prompt))
 
 
 class ChunkRewriter:
@@ -62,14 +66,19 @@ class ChunkRewriter:
         self._model_new = b'"model":' + orjson.dumps(client_model)
         self._tier_prefix = b'{"service_tier":' + orjson.dumps(service_tier) + b","
 
-    def chunk(self, data: bytes) -> bytes:
-        """Rewrite one SSE data payload (a JSON object); other payloads pass unchanged."""
-        if data[:1] != b"{":
-            return data
-        if self._model_old != self._model_new:
-            data = data.replace(self._model_old, self._model_new, 1)
-        if b'"service_tier"' not in data:
-            data = self._tier_prefix + data[1:]
+    def chunk(self, data: bytes, doc: dict[str, Any]) -> bytes:
+        """Rewrite one SSE data payload whose parsed form is ``doc``: byte splices in the
+        common case (compact JSON as vLLM writes it), re-serialised otherwise."""
+        if self._model_old != self._model_new and doc.get("model") is not None:
+            spliced = data.replace(self._model_old, self._model_new, 1)
+            if spliced is data or spliced == data:
+                return self.body(doc)
+            data = spliced
+        tier = doc.get("service_tier", _MISSING)
+        if tier is _MISSING:
+            return self._tier_prefix + data[1:]
+        if tier != self.service_tier:
+            return self.body(doc)
         return data
 
     def body(self, doc: dict[str, Any]) -> bytes:
@@ -91,17 +100,12 @@ class StreamResult:
     events: int = 0
 
 
-def usage_chunk(data: bytes) -> Usage | None:
-    """The usage of a final usage chunk (``"choices": []`` and a ``usage`` object), else None."""
-    if b'"usage"' not in data:
-        return None
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(doc, dict) or doc.get("choices") != []:
-        return None
-    return Usage.from_openai(doc.get("usage"))
+def engine_error(doc: dict[str, Any]) -> UpstreamError:
+    """The client-facing error for an engine's in-band ``{"error": {...}}`` event (its
+    message kept, type ``server_error``, code ``upstream_error``)."""
+    inner = doc.get("error")
+    message = inner.get("message") if isinstance(inner, dict) else None
+    return UpstreamError(f"engine error: {message if isinstance(message, str) else inner}")
 
 
 def error_event(err: GatewayError) -> bytes:
@@ -136,7 +140,9 @@ async def relay_events(
     loop = asyncio.get_running_loop()
 
     def frame(events: list[SSEEvent], out: list[bytes]) -> bool:
-        """Append the client bytes of ``events`` to ``out``; True once ``[DONE]`` is seen."""
+        """Append the client bytes of ``events`` to ``out``; True once the stream is over:
+        ``[DONE]`` seen (``result.ok``), or an engine error event / malformed event
+        (``result.error``, its event appended)."""
         now = loop.time()
         for ev in events:
             data = ev.data
@@ -144,10 +150,23 @@ async def relay_events(
                 continue
             if ev.is_done:
                 out.append(DONE_EVENT)
+                result.ok = True
                 return True
-            usage = usage_chunk(data)
-            if usage is not None:
-                result.usage = usage
+            try:
+                doc = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                doc = None
+            if not isinstance(doc, dict):
+                result.error = UpstreamError("engine sent a malformed event mid-stream")
+                out.append(error_event(result.error))
+                return True
+            choices = doc.get("choices")
+            if "error" in doc and not choices:
+                result.error = engine_error(doc)
+                out.append(error_event(result.error))
+                return True
+            if choices == [] and "usage" in doc:
+                result.usage = Usage.from_openai(doc["usage"])
                 if strip_usage:
                     continue
             result.events += 1
@@ -155,7 +174,7 @@ async def relay_events(
                 itl.tick(now)
             if relayed is not None:
                 relayed.append(data)
-            out.append(encode_event(rewriter.chunk(data)))
+            out.append(encode_event(rewriter.chunk(data, doc)))
         return False
 
     async def flush(out: list[bytes]) -> None:
@@ -163,27 +182,28 @@ async def relay_events(
             body = out[0] if len(out) == 1 else b"".join(out)
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
+    when = min(loop.time() + stall_s, deadline)
     try:
         out: list[bytes] = []
         done = frame(head, out)
         await flush(out)
         if done:
-            result.ok = True
             return result
-        async with asyncio.timeout_at(min(loop.time() + stall_s, deadline)) as cm:
+        async with asyncio.timeout_at(when) as cm:
             async for batch in batches:
                 out = []
                 done = frame(batch, out)
                 await flush(out)
                 if done:
-                    result.ok = True
                     return result
-                cm.reschedule(min(loop.time() + stall_s, deadline))
+                when = min(loop.time() + stall_s, deadline)
+                cm.reschedule(when)
         result.error = UpstreamError("upstream stream ended without [DONE]")
     except UpstreamBrokenError as e:
         result.error = UpstreamError(f"upstream connection broke mid-stream ({e})")
     except TimeoutError:
-        if loop.time() >= deadline:
+        # which limit was in force, not the clock: timers may fire a little early
+        if when >= deadline:
             result.error = UpstreamTimeout("total", total_s)
         else:
             result.error = UpstreamTimeout("stall", stall_s)

@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DONE = b"[DONE]"
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # one chunk of a vLLM stream is well under 1 KiB
+
+
+class EventTooLarge(ValueError):
+    """An event grew past ``max_event_bytes`` without ending: a broken or hostile stream."""
 
 
 @dataclass(slots=True)
@@ -36,11 +41,12 @@ class SSEParser:
     colon. Cost per feed is linear in the bytes fed.
     """
 
-    __slots__ = ("_buf", "_pending_cr")
+    __slots__ = ("_buf", "_pending_cr", "max_event_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._buf = b""
         self._pending_cr = False
+        self.max_event_bytes = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Add ``chunk`` and return the events it completed (possibly none)."""
@@ -55,9 +61,13 @@ class SSEParser:
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buf = self._buf + chunk if self._buf else chunk
         if b"\n\n" not in buf:
+            if len(buf) > self.max_event_bytes:
+                raise EventTooLarge(f"an SSE event exceeded {self.max_event_bytes} bytes")
             self._buf = buf
             return []
         *blocks, rest = buf.split(b"\n\n")
+        if len(rest) > self.max_event_bytes:
+            raise EventTooLarge(f"an SSE event exceeded {self.max_event_bytes} bytes")
         self._buf = rest
         events = []
         for block in blocks:

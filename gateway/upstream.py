@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 import aiohttp
 
 from gateway.config import UpstreamConfig
-from gateway.sse import SSEEvent, SSEParser
+from gateway.sse import EventTooLarge, SSEEvent, SSEParser
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
 
@@ -73,6 +73,8 @@ class UpstreamResponse:
                 yield tail
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as e:
             raise UpstreamBrokenError(type(e).__name__) from None
+        except EventTooLarge as e:
+            raise UpstreamBrokenError(str(e)) from None
         if parser.has_partial:
             raise UpstreamBrokenError("stream ended inside an event")
 
@@ -113,7 +115,9 @@ class Upstream:
             total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s
         )
         try:
-            resp = await self._session.post(url, data=body, headers=headers, timeout=timeout)
+            resp = await self._session.post(
+                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
             raise UpstreamConnectError(_describe(e)) from None
         except TimeoutError:

@@ -127,14 +127,20 @@ async def closed_loop(request: RequestFn, concurrency: int, duration_s: float) -
 
 
 def aiohttp_request(
-    session: aiohttp.ClientSession, url: str, body: bytes, stream: bool
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    stream: bool,
+    headers: dict[str, str] | None = None,
 ) -> RequestFn:
     """A request function for ``closed_loop``: POST ``body`` and read the whole response
-    (every SSE chunk when ``stream``); checks status 200 and a complete body."""
+    (every SSE chunk when ``stream``); checks status 200 and a complete body. ``headers`` are
+    sent besides ``Content-Type`` (e.g. ``Authorization``)."""
+    hdrs = {**JSON_HEADERS, **(headers or {})}
 
     async def one() -> tuple[float, float | None] | str:
         t0 = time.perf_counter()
-        async with session.post(url, data=body, headers=JSON_HEADERS) as r:
+        async with session.post(url, data=body, headers=hdrs) as r:
             if r.status != 200:
                 await r.read()
                 return f"http {r.status}"

@@ -162,7 +162,9 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
     cfg = state.config
     model = body.get("model")
     if model is not None and model != cfg.model:
-        raise RequestError(404, f"The model `{model}` does not exist.", "model")
+        raise RequestError(
+            404, f"The model `{model}` does not exist. Valid aliases: {cfg.model}.", "model"
+        )
     texts: list[str] = []
     ids: list[list[int]] = []
     if chat:
@@ -203,21 +205,26 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
     if requested is None:
         requested = body.get("max_tokens")
     if requested is not None and (not isinstance(requested, int) or requested < 1):
-        raise RequestError(400, "max_tokens must be at least 1", "max_tokens")
+        raise RequestError(400, f"max_tokens must be at least 1, got {requested}. "
+                           f"(parameter=max_tokens, value={requested})", "max_tokens")
+    if requested is not None and requested > cfg.max_model_len:
+        raise RequestError(400, f"max_tokens={requested} cannot be greater than max_model_len="
+                           f"{cfg.max_model_len}. Please request fewer output tokens. "
+                           f"(parameter=max_tokens, value={requested})", "max_tokens")
     limits: list[int] = []
     for pr in prompts:
         room = cfg.max_model_len - pr.num_tokens
-        if (requested is None and room < 1) or (requested is not None and requested > room):
-            asked = pr.num_tokens + (requested or 0)
+        if room < 1:
             raise RequestError(
                 400,
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
-                f"you requested {asked} tokens ({pr.num_tokens} in the messages, "
-                f"{requested or 0} in the completion). Please reduce the length of the "
-                "messages or completion.",
-                "max_tokens" if requested else "messages",
+                f"your prompt contains {pr.num_tokens} input tokens, which exceeds this limit "
+                "even without any output tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={pr.num_tokens})",
+                "input_tokens",
             )
-        limits.append(room if requested is None else requested)
+        # vLLM 0.32 caps the output at the room left instead of rejecting the request
+        limits.append(room if requested is None else min(requested, room))
     plans = make_plans(body, prompts, n, limits, cfg.output_tokens, faults, state.textgen, chat)
     for pl in plans:
         need = -(-(prompts[pl.index // n].num_tokens + pl.tokens) // bs)

@@ -58,7 +58,9 @@ class SimMetrics:
             [*labels, "finished_reason"],
             registry=reg,
         )
-        self.success = {r: success.labels(*values, r) for r in ("stop", "length", "abort")}
+        # vLLM exports every reason from the start; the simulator only finishes with the first 3
+        reasons = ("stop", "length", "abort", "error", "repetition")
+        self.success = {r: success.labels(*values, r) for r in reasons}
         self.success_family = success
         self._values = values
         self.spec_drafts = self.spec_draft_tokens = self.spec_accepted = None

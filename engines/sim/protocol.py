@@ -2,7 +2,10 @@
 
 Shapes follow vLLM's OpenAI server (vllm/entrypoints/openai/protocol.py): chunks are serialised
 with ``exclude_unset`` (no ``usage`` key unless usage is sent), full responses with every field;
-ids are ``chatcmpl-<32 hex>``, ``cmpl-<32 hex>``, ``chatcmpl-tool-<32 hex>``. JSON is compact
+ids are ``chatcmpl-<16 hex>``, ``cmpl-<16 hex>``, ``chatcmpl-tool-<16 hex>`` (vLLM 0.32's
+``random_uuid()``). Full responses carry ``service_tier: null`` and ``system_fingerprint``
+(``vllm-<version>-<8 hex>``), and so does the usage chunk; a chat message has ``reasoning`` (not
+the older ``reasoning_content``) and no ``tool_calls`` key when there are none. JSON is compact
 and UTF-8 (orjson), like pydantic's ``model_dump_json``.
 """
 
@@ -32,9 +35,13 @@ ERROR_TYPES = {
 }
 
 
+# What vLLM 0.32 sends as ``system_fingerprint`` ("vllm-0.32.0-<8 hex of its build>").
+SYSTEM_FINGERPRINT = "vllm-0.32.0-5e5c0a1d"
+
+
 def random_id(prefix: str) -> str:
-    """``prefix`` + 32 random hex digits (vLLM's ``random_uuid()``)."""
-    return prefix + os.urandom(16).hex()
+    """``prefix`` + 16 random hex digits (vLLM 0.32's ``random_uuid()``: 64 bits)."""
+    return prefix + os.urandom(8).hex()
 
 
 def error_type(status: int) -> str:
@@ -80,6 +87,8 @@ def chat_chunk(
     }
     if usage_ is not None:
         body["usage"] = usage_
+        if not choices:
+            body["system_fingerprint"] = SYSTEM_FINGERPRINT
     return dumps(body)
 
 
@@ -94,6 +103,8 @@ def text_chunk(
     }
     if usage_ is not None:
         body["usage"] = usage_
+        if not choices:
+            body["system_fingerprint"] = SYSTEM_FINGERPRINT
     return dumps(body)
 
 
@@ -134,7 +145,8 @@ def chat_response(
     """A full ``chat.completion``."""
     return dumps({
         "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "choices": choices, "usage": usage_, "prompt_logprobs": None,
+        "choices": choices, "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": usage_, "prompt_logprobs": None,
     })
 
 
@@ -142,13 +154,16 @@ def chat_message_choice(
     index: int, content: str | None, finish: str, tool_calls: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """A full chat choice."""
+    message: dict[str, Any] = {
+        "role": "assistant", "content": content, "refusal": None, "annotations": None,
+        "audio": None, "function_call": None,
+    }
+    if tool_calls:  # vLLM drops an empty list
+        message["tool_calls"] = tool_calls
+    message["reasoning"] = None
     return {
-        "index": index,
-        "message": {
-            "role": "assistant", "reasoning_content": None, "content": content,
-            "tool_calls": tool_calls or [],
-        },
-        "logprobs": None, "finish_reason": finish, "stop_reason": None,
+        "index": index, "message": message, "logprobs": None, "finish_reason": finish,
+        "stop_reason": None,
     }
 
 
@@ -158,7 +173,8 @@ def text_response(
     """A full ``text_completion``."""
     return dumps({
         "id": rid, "object": "text_completion", "created": created, "model": model,
-        "choices": choices, "usage": usage_,
+        "choices": choices, "service_tier": None, "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": usage_,
     })
 
 

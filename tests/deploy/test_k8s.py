@@ -69,7 +69,7 @@ def test_gateway_deployment(objs: list[dict]) -> None:
     assert dep["spec"]["replicas"] >= 2
     assert _labels_match(dep["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
     (c,) = pod["spec"]["containers"]
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"  # not tied to engine health
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True

@@ -1,5 +1,7 @@
 """A pool found by DNS (``localhost``) serves requests, end to end."""
 
+import hashlib
+
 import httpx
 import pytest
 
@@ -23,7 +25,8 @@ def test_pool_discovered_by_dns_name(tmp_path):
                                          "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200
         assert r.headers["x-speedgate-tier"] == "fast"
-        assert r.headers["x-speedgate-replica"] == f"{MODEL}/fast/http://127.0.0.1:{port}"
+        name = hashlib.sha256(f"http://127.0.0.1:{port}".encode()).hexdigest()[:8]
+        assert r.headers["x-speedgate-replica"] == f"{MODEL}/fast/{name}"  # not the address
         ready = httpx.get(url + "/readyz").json()["models"][MODEL]["fast"]
         assert ready["replicas"] == 1 and ready["healthy"] == 1
     finally:

@@ -337,3 +337,21 @@ def test_disconnect_aborts_streaming_after_first_token(stack: Stack):
                 break  # got the first token: close the connection now
     _assert_aborted_and_released(stack, before)
     assert stack.sim_stats()["completed"] == 0
+
+
+def test_malformed_chunk_mid_stream_becomes_an_in_band_error(http: httpx.Client):
+    faults = {"chunks": ["a", "b", "c", "d"], "malformed_after_chunks": 2}
+    body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults}
+    events = [data for _, data, _ in stream_events(http, body)]
+    assert b"[DONE]" not in events
+    docs = [orjson.loads(e) for e in events]  # every event the client sees is valid JSON
+    assert docs[-1]["error"]["code"] == "upstream_error"
+    assert [d["choices"][0]["delta"].get("content") for d in docs[:-1]] == ["", "a", "b"]
+
+
+def test_health_head_and_model_retrieve(oai: openai.OpenAI, stack: Stack):
+    assert httpx.head(stack.base_url + "/healthz").status_code == 200
+    m = oai.models.retrieve(f"{MODEL}-fast")
+    assert m.id == f"{MODEL}-fast"
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("nope")

@@ -319,3 +319,15 @@ def test_short_retry_after_is_honoured_when_every_replica_said_it(http: httpx.Cl
     assert r.status_code == 200  # the third attempt, after waiting the 1 s Retry-After
     assert 1.0 <= elapsed < 2.5
     assert len(stack.sim_requests("standard")) == 3
+
+
+def test_a_short_client_deadline_is_not_the_replicas_fault(http: httpx.Client, stack: Stack):
+    # review H1: a client's own short timeout must not eject healthy replicas
+    for _ in range(6):
+        r = http.post(CHAT, json={"model": MODEL, "messages": _msgs(),
+                                  "sim_faults": {"ttft_delay_s": 2}},
+                      headers={"x-stainless-timeout": "0.3"})
+        assert r.status_code == 504
+        assert r.json()["error"]["message"] == "upstream total timeout after 0.3s"
+    ready = httpx.get(stack.base_url + "/readyz").json()["models"][MODEL]["standard"]
+    assert ready["ejected"] == 0

@@ -1,0 +1,36 @@
+"""Filters: which replicas may take this request (DESIGN §5). Pure.
+
+Health, ejection and the in-flight cap are ``Pool.usable``; here: not tried yet by this request
+(every retry goes to a different replica), and the bounded-load rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+
+from gateway.pools import Replica
+
+
+def not_tried(candidates: Sequence[Replica], exclude: Collection[Replica]) -> list[Replica]:
+    """Candidates not in ``exclude`` (replicas this request already tried)."""
+    return [r for r in candidates if r not in exclude]
+
+
+def load_bound(loads: Sequence[int], c: float, floor: int = 1) -> float:
+    """The most requests one replica may hold after taking one more: ``ceil(c × (total + 1) /
+    n)`` (consistent hashing with bounded loads: Mirrokni, Thorup, Zadimoghaddam, SODA 2018,
+    "Consistent Hashing with Bounded Loads"), at least ``floor``. ``c <= 0``: no bound."""
+    if c <= 0 or not loads:
+        return math.inf
+    return max(floor, math.ceil(c * (sum(loads) + 1) / len(loads)))
+
+
+def under_bound(
+    candidates: Sequence[Replica], loads: dict[Replica, int], c: float, floor: int = 1
+) -> list[Replica]:
+    """Candidates that stay within the bound after taking this request (load + 1 ≤ bound).
+    Never empty when ``candidates`` is not: the least loaded always qualifies for c ≥ 1."""
+    bound = load_bound([loads[r] for r in candidates], c, floor)
+    kept = [r for r in candidates if loads[r] + 1 <= bound]
+    return kept or list(candidates)

@@ -1,0 +1,105 @@
+"""Load signals of each replica: in-flight requests at this gateway, plus the engine's own
+queue and KV-cache usage scraped from its ``/metrics`` (vLLM names, DESIGN §4).
+
+``replica_load`` is the one number the bounded-load rule and the load scorer use: the larger
+of this gateway's in-flight count and the engine's ``num_requests_running +
+num_requests_waiting`` (which also counts other gateway replicas' requests), the engine part
+only while fresh (scraped within 3 intervals). Units: requests; KV usage 0..1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.pools import PoolRegistry, Replica
+from gateway.upstream import Upstream, UpstreamConnectError
+
+log = logging.getLogger("speedgate.routing")
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+_WANTED = (RUNNING, WAITING, KV_USAGE)
+
+
+def parse_engine_metrics(text: str) -> dict[str, float]:
+    """Sum of the samples of running, waiting and KV usage (max for usage) in a Prometheus
+    text exposition; metrics that are missing are absent from the result."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name not in _WANTED:
+            continue
+        for s in fam.samples:
+            if s.name != fam.name:
+                continue
+            if fam.name == KV_USAGE:
+                out[KV_USAGE] = max(out.get(KV_USAGE, 0.0), s.value)
+            else:
+                out[fam.name] = out.get(fam.name, 0.0) + s.value
+    return out
+
+
+def apply_engine_metrics(replica: Replica, values: dict[str, float], now: float) -> None:
+    """Store scraped values on ``replica`` (missing ones count as 0) at ``now`` (monotonic s)."""
+    replica.engine_running = int(values.get(RUNNING, 0))
+    replica.engine_waiting = int(values.get(WAITING, 0))
+    replica.kv_cache_usage = float(values.get(KV_USAGE, 0.0))
+    replica.engine_load_at = now
+
+
+def replica_load(r: Replica, now: float, fresh_s: float = 3.0) -> int:
+    """Requests on ``r``: max(in-flight here, engine running + waiting if scraped within
+    ``fresh_s`` seconds)."""
+    if r.engine_load_at and now - r.engine_load_at <= fresh_s:
+        return max(r.inflight, r.engine_running + r.engine_waiting)
+    return r.inflight
+
+
+class LoadScraper:
+    """Reads every replica's ``/metrics`` each ``interval_s`` (per pool; 0 = never)."""
+
+    def __init__(self, pools: PoolRegistry, upstream: Upstream, timeout_s: float = 1.0) -> None:
+        self.pools = pools
+        self.upstream = upstream
+        self.timeout_s = timeout_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """One loop task per pool with a non-zero interval."""
+        loop = asyncio.get_running_loop()
+        for pool in self.pools.all():
+            interval = pool.config.routing.load_scrape_interval_s
+            if interval > 0:
+                self._tasks.append(loop.create_task(self._run(pool.key, interval)))
+
+    async def stop(self) -> None:
+        """Cancel the loops."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+    async def _run(self, pool_key: str, interval_s: float) -> None:
+        pool = next(p for p in self.pools.all() if p.key == pool_key)
+        while True:
+            await asyncio.gather(*(self.scrape(r, interval_s) for r in pool.replicas))
+            await asyncio.sleep(interval_s)
+
+    async def scrape(self, r: Replica, interval_s: float = 1.0) -> None:
+        """Scrape one replica; errors leave its old values to go stale."""
+        try:
+            status, body = await self.upstream.get(r.url + "/metrics", self.timeout_s)
+            if status != 200:
+                return
+            values = parse_engine_metrics(body.decode("utf-8", "replace"))
+        except (UpstreamConnectError, ValueError) as e:
+            log.debug("metrics scrape of %s failed: %r", r.safe_url, e)
+            return
+        apply_engine_metrics(r, values, time.monotonic())

@@ -1,0 +1,118 @@
+"""One pool's router: filters → weighted scorers → picker, with the state store's bindings
+(DESIGN §5-6).
+
+For each attempt: candidates are the pool's usable replicas not tried yet; the bounded-load
+filter drops replicas that one more request would put above ``c ×`` the mean load; the scorers
+(prefix affinity, session stickiness, load, consistent-hash order) are summed with the pool's
+weights and the best wins. A session whose replica is over the bound therefore spills to the
+best remaining replica — with no other affinity, the next in its consistent-hash order — and
+the bindings are rewritten to the replica actually picked (the table follows the session).
+When the store cannot answer (Redis down), the weights become ``{hash: 1}``: consistent
+hashing on the session key, the same answer on every gateway replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Collection, Sequence
+
+from gateway.pools import Pool, Replica
+from gateway.routing.filters import not_tried, under_bound
+from gateway.routing.hashring import hash_order
+from gateway.routing.keys import RouteRequest, sampled_indices
+from gateway.routing.load import replica_load
+from gateway.routing.picker import RoundRobin, pick_best, weighted_scores
+from gateway.routing.scorers import ScoreContext
+from gateway.routing.store import Lookup, RoutingStore
+
+MAX_RECORDED_BLOCKS = 1024  # state-store writes per request at most
+DEGRADED_WEIGHTS = {"hash": 1.0}
+
+
+class PoolRouter:
+    """Picks a replica of ``pool`` for one attempt; ``decisions`` counts why (metrics)."""
+
+    def __init__(
+        self, pool: Pool, store: RoutingStore, rng: random.Random | None = None
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.rng = rng or random.Random()
+        self.round_robin = RoundRobin()
+        self.decisions: Counter[str] = Counter()
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def pick(
+        self,
+        route: RouteRequest | None,
+        candidates: Sequence[Replica],
+        exclude: Collection[Replica] = (),
+    ) -> Replica | None:
+        """The replica for the next attempt, or None when no candidate is left."""
+        cfg = self.pool.config.routing
+        cands = not_tried(candidates, exclude)
+        if not cands:
+            return None
+        if cfg.policy == "round_robin" or route is None:
+            self.decisions["round_robin" if route is not None else "no_route"] += 1
+            if route is None and cfg.policy != "round_robin":
+                cands = [min(cands, key=lambda r: r.inflight)]
+            return self.round_robin.pick(self.pool.replicas, cands)
+        weights: dict[str, float] = dict(cfg.weights)
+        blocks: list[bytes] = []
+        if weights.get("prefix"):
+            blocks = await route.chain(cfg.chunk_chars, cfg.max_hash_chars)
+        indices = sampled_indices(len(blocks))
+        lookup: Lookup | None = None
+        uses_store = bool(weights.get("prefix") or weights.get("session"))
+        if uses_store:
+            key = self.pool.key
+            if key not in route.lookups:
+                route.lookups[key] = await self.store.lookup(
+                    key, route.session_key, blocks, indices
+                )
+            lookup = route.lookups[key]
+            if lookup is None:
+                weights = DEGRADED_WEIGHTS
+        now = time.monotonic()
+        loads = {r: replica_load(r, now) for r in cands}
+        ctx = ScoreContext(lookup, len(blocks), hash_order(route.session_key, self.pool.replicas),
+                           loads, min(len(blocks), route.lead_blocks(cfg.chunk_chars)))
+        bounded = under_bound(cands, loads, cfg.bounded_load_c, cfg.bounded_load_min)
+        choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
+        assert choice is not None
+        self.decisions[self._reason(lookup, uses_store, choice, ctx.lead_blocks)] += 1
+        if uses_store and lookup is not None:
+            held = lookup.depth.get(choice.name, 0)
+            todo = [i for i in indices if i >= held - 1][:MAX_RECORDED_BLOCKS]
+            self._record(route.session_key, blocks, todo, choice.name)
+        return choice
+
+    @staticmethod
+    def _reason(lookup: Lookup | None, uses_store: bool, choice: Replica, lead: int) -> str:
+        if not uses_store:
+            return "scored"
+        if lookup is None:
+            return "hash_fallback"
+        best = max(lookup.depth, key=lookup.depth.__getitem__, default=None)
+        if best is not None and lookup.depth[best] <= lead:
+            best = None  # only the shared preamble matched
+        if best == choice.name or (best is None and lookup.session == choice.name):
+            return "prefix" if best is not None else "session"
+        if best is None and lookup.session is None:
+            return "new"
+        return "spill"
+
+    def _record(self, session: str, blocks: list[bytes], indices: list[int], name: str) -> None:
+        coro = self.store.record(self.pool.key, session, blocks, indices, name)
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def drain(self) -> None:
+        """Wait for the bindings being written (tests, shutdown)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)

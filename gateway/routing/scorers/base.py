@@ -1,0 +1,22 @@
+"""What scorers read: one request's routing facts, computed once per pick."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.pools import Replica
+from gateway.routing.store import Lookup
+
+
+@dataclass(slots=True)
+class ScoreContext:
+    """``lookup``: the state store's bindings (None: store unavailable or not consulted);
+    ``blocks``: the request's prefix block count; ``order``: the session's consistent-hash
+    order of the whole pool; ``loads``: requests per candidate (``load.replica_load``);
+    ``lead_blocks``: blocks of the shared preamble (system prompt) that prove no affinity."""
+
+    lookup: Lookup | None
+    blocks: int
+    order: list[Replica]
+    loads: dict[Replica, int] = field(default_factory=dict)
+    lead_blocks: int = 0

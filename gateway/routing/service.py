@@ -1,0 +1,126 @@
+"""The routing service of one gateway process: state store (memory, or Redis behind the shared
+circuit breaker), one ``PoolRouter`` per pool, the ``/metrics`` load scraper, a Redis watcher
+that notices recovery while idle, and the routing metrics. Started and stopped by the app's
+lifespan.
+
+Metrics (no session ids as labels): ``speedgate_state_store_degraded`` (1 while Redis is down
+and routing runs on consistent hashing), ``speedgate_state_store_circuit_opened_total``,
+``speedgate_routing_decisions_total{pool, reason}`` with reason ``prefix`` (the replica holding
+the longest known prefix), ``session`` (the session's replica), ``new`` (nothing known),
+``spill`` (affinity overridden by the load bound or load), ``hash_fallback`` (store down),
+``round_robin``, ``scored``, ``no_route``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.breaker import CircuitBreaker
+from gateway.config import GatewayConfig
+from gateway.pools import PoolRegistry
+from gateway.routing.load import LoadScraper
+from gateway.routing.pipeline import PoolRouter
+from gateway.routing.store import MemoryRoutingStore, RedisRoutingStore
+from gateway.upstream import Upstream
+
+
+class RoutingService:
+    """Owns the routing state; ``degraded`` is True while Redis is unreachable."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        pools: PoolRegistry,
+        upstream: Upstream,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        st = config.state
+        self.pools = pools
+        self.breaker = breaker or CircuitBreaker(
+            "routing", failures=st.breaker_failures, cooldown_s=st.breaker_cooldown_s
+        )
+        self.store: MemoryRoutingStore | RedisRoutingStore
+        if st.redis_url:
+            self.store = RedisRoutingStore.from_url(
+                st.redis_url, self.breaker, timeout_s=st.redis_timeout_s,
+                prefix=st.routing_key_prefix,
+            )
+        else:
+            self.store = MemoryRoutingStore()
+        for pool in pools.all():
+            rc = pool.config.routing
+            self.store.configure(pool.key, rc.table_max_entries, rc.table_ttl_s)
+            pool.router = PoolRouter(pool, self.store)
+        self.scraper = LoadScraper(pools, upstream)
+        self._watch: asyncio.Task[None] | None = None
+
+    @property
+    def degraded(self) -> bool:
+        """True while the shared store is down (``/readyz`` says ``degraded``)."""
+        return self.store.degraded
+
+    def start(self) -> None:
+        """Start the load scraper and, with Redis, the recovery watcher."""
+        self.scraper.start()
+        if isinstance(self.store, RedisRoutingStore):
+            self._watch = asyncio.get_running_loop().create_task(self._watch_redis())
+
+    async def _watch_redis(self) -> None:
+        while True:
+            await asyncio.sleep(self.breaker.cooldown_s / 2)
+            if self.breaker.degraded and self.breaker.allow():
+                await self.store.ping()
+
+    async def stop(self) -> None:
+        """Stop the tasks, flush pending writes, close the store."""
+        await self.scraper.stop()
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        for pool in self.pools.all():
+            if pool.router is not None:
+                await pool.router.drain()
+        await self.store.close()
+
+    def register_metrics(self, registry: CollectorRegistry) -> Collector:
+        """Expose the routing metrics in ``registry`` (the gateway's ``/metrics``); returns
+        the collector (unregister it at shutdown)."""
+        collector = _RoutingCollector(self)
+        registry.register(collector)
+        return collector
+
+
+class _RoutingCollector(Collector):
+    def __init__(self, service: RoutingService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.service
+        g = GaugeMetricFamily(
+            "speedgate_state_store_degraded",
+            "1 while the shared state store (Redis) is unreachable and routing falls back to "
+            "consistent hashing on the session key",
+        )
+        g.add_metric([], 1.0 if s.degraded else 0.0)
+        yield g
+        c = CounterMetricFamily(
+            "speedgate_state_store_circuit_opened",
+            "Times the Redis circuit breaker of the routing store opened",
+        )
+        c.add_metric([], float(s.breaker.opened))
+        yield c
+        d = CounterMetricFamily(
+            "speedgate_routing_decisions", "Replica picks by reason", labels=["pool", "reason"]
+        )
+        for pool in s.pools.all():
+            if pool.router is not None:
+                for reason, n in sorted(pool.router.decisions.items()):
+                    d.add_metric([pool.key, reason], float(n))
+        yield d

@@ -1,0 +1,140 @@
+"""Regression tests for what a hostile review found (each names its finding)."""
+
+import asyncio
+import io
+from contextlib import redirect_stdout
+
+import orjson
+import pytest
+
+from gateway.attempt import RetryableFailure, _read_until_content
+from gateway.body import parse_body
+from gateway.cli import main
+from gateway.config import ConfigError, GatewayConfig
+from gateway.deadline import header_timeout_s
+from gateway.errors import InvalidRequest, parse_engine_error
+from gateway.relay import ChunkRewriter, Usage, relay_events
+from gateway.sse import EventTooLarge, SSEEvent, SSEParser
+
+ROLE = SSEEvent(b'{"model":"s","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}')
+TOKEN = SSEEvent(b'{"model":"s","choices":[{"index":0,"delta":{"content":"a"}}]}')
+ERROR = SSEEvent(b'{"error":{"message":"engine died","type":"InternalServerError","code":500}}')
+
+
+async def _relay(head, batches):
+    sent: list[bytes] = []
+
+    async def send(msg):
+        sent.append(msg["body"])
+
+    async def gen():
+        for b in batches:
+            yield b
+
+    loop = asyncio.get_running_loop()
+    result = await relay_events(send, head, gen(), ChunkRewriter("s", "m", "default"),
+                                strip_usage=True, stall_s=5, total_s=10,
+                                deadline=loop.time() + 10)
+    return result, b"".join(sent)
+
+
+def test_malformed_usage_is_ignored_not_a_crash():  # M1
+    assert Usage.from_openai({"prompt_tokens": "lots", "completion_tokens": 1}) is None
+    assert Usage.from_openai({"prompt_tokens": [1]}) is None
+    assert Usage.from_openai({"prompt_tokens": 5, "completion_tokens": 2,
+                              "prompt_tokens_details": {"cached_tokens": 9}}).cached == 5
+
+
+async def test_malformed_usage_chunk_mid_stream_keeps_the_stream():  # M1
+    bad_usage = SSEEvent(b'{"choices":[],"usage":{"prompt_tokens":[1]}}')
+    result, out = await _relay([ROLE, TOKEN], [[bad_usage, SSEEvent(b"[DONE]")]])
+    assert result.ok and result.usage is None and out.endswith(b"data: [DONE]\n\n")
+
+
+async def test_engine_error_event_mid_stream_ends_the_stream_without_done():  # M2
+    result, out = await _relay([ROLE, TOKEN], [[ERROR, SSEEvent(b"[DONE]")]])
+    assert not result.ok and result.error is not None
+    assert b"[DONE]" not in out
+    last = orjson.loads(out.rstrip(b"\n").split(b"\n\n")[-1][6:])
+    assert last["error"]["code"] == "upstream_error" and "engine died" in last["error"]["message"]
+
+
+async def test_engine_error_before_content_is_retryable():  # M2
+    async def gen():
+        yield [ROLE, ERROR]
+
+    with pytest.raises(RetryableFailure) as ei:
+        await _read_until_content(gen())
+    assert ei.value.reason == "engine-error" and ei.value.replica_fault
+
+
+async def test_malformed_event_mid_stream_is_an_error_not_forwarded():  # low
+    result, out = await _relay([ROLE, TOKEN], [[SSEEvent(b'{"id": broken')]])
+    assert result.error is not None and b"broken" not in out
+
+
+def test_model_rewrite_survives_spaced_json():  # low
+    r = ChunkRewriter("served", "client", "priority")
+    data = b'{"id": "x", "model": "served", "choices": []}'
+    out = orjson.loads(r.chunk(data, orjson.loads(data)))
+    assert out["model"] == "client" and out["service_tier"] == "priority"
+    compact = b'{"id":"x","model":"served","choices":[]}'
+    assert r.chunk(compact, orjson.loads(compact)) == (
+        b'{"service_tier":"priority","id":"x","model":"client","choices":[]}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("http://h:8000?token=x", "no query"), ("http://h:8000/#frag", "no query"),
+     ("http://h:8000/v1", "without /v1")],
+)
+def test_endpoint_urls_with_query_or_v1_are_rejected(url, message):  # M3
+    with pytest.raises(ConfigError) as ei:
+        from gateway.config import load_config
+
+        load_config(None, models={"m": {"tiers": {"standard": {
+            "served_model_name": "m", "endpoints": [url]}}}})
+    assert message in str(ei.value) and "token=x" not in str(ei.value)
+
+
+@pytest.mark.parametrize("status", [201, 204, 302])
+def test_non_error_statuses_become_502(status):  # M4
+    assert parse_engine_error(status, b"").status == 502
+
+
+def test_check_config_masks_credentials(tmp_path):  # M5
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("models: {m: {tiers: {standard: {served_model_name: m, "
+                   "endpoints: ['http://user:s3cret@127.0.0.1:9000']}}}}\n")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["check-config", str(cfg)]) == 0
+    assert "s3cret" not in out.getvalue() and "***@127.0.0.1:9000" in out.getvalue()
+
+
+def test_sse_parser_bounds_an_endless_event():  # M8
+    p = SSEParser(max_event_bytes=1024)
+    p.feed(b"data: " + b"x" * 1000)
+    with pytest.raises(EventTooLarge):
+        p.feed(b"x" * 100)
+
+
+@pytest.mark.parametrize("value", ["1_0", "1e3", " ", "0x10"])
+def test_timeout_header_accepts_plain_decimals_only(value):  # low
+    with pytest.raises(InvalidRequest):
+        header_timeout_s(value, None)
+    assert header_timeout_s("2.5", None) == 2.5 and header_timeout_s(".5", None) == 0.5
+
+
+def test_include_usage_must_be_boolean():  # low
+    with pytest.raises(InvalidRequest) as ei:
+        parse_body(b'{"model":"m","messages":[{"role":"user"}],"stream":true,'
+                   b'"stream_options":{"include_usage":"yes"}}', "chat")
+    assert ei.value.param == "stream_options.include_usage"
+
+
+def test_graceful_shutdown_is_configurable():  # M6
+    cfg = GatewayConfig(server={"graceful_shutdown_s": 90}, models={"m": {"tiers": {
+        "standard": {"served_model_name": "m", "endpoints": ["http://h:1"]}}}})
+    assert cfg.server.graceful_shutdown_s == 90
