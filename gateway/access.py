@@ -69,10 +69,13 @@ def log_request(rec: RequestRecord) -> None:
         return
     u = rec.usage
     access_log.info(
-        "request_id=%s path=%s model=%s tier_asked=%s tier=%s fallback=%s replica=%s stream=%s "
+        "request_id=%s key_id=%s session_id=%s path=%s model=%s tier_asked=%s tier=%s "
+        "fallback=%s replica=%s stream=%s "
         "attempts=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
         "completion_tokens=%s ttft_s=%s e2e_s=%.4f",
         rec.request_id,
+        rec.key_id,
+        rec.session_id,
         rec.path,
         rec.model,
         rec.asked_tier,
