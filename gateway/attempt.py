@@ -197,8 +197,8 @@ def is_content(doc: dict) -> bool:
             return True
         delta = c.get("delta")
         if isinstance(delta, dict) and (
-            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content")
-            or delta.get("refusal")
+            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning")
+            or delta.get("reasoning_content") or delta.get("refusal")
         ):
             return True
     return False

@@ -261,8 +261,9 @@ async def count_text_async(text: str, encoding: EncodingName = DEFAULT_ENCODING)
 def completion_text(chunks: list[bytes]) -> str:
     """The generated text of relayed stream chunks (SSE ``data`` payloads, JSON), for counting
     output tokens of a stream that ended without usage: every choice's ``delta.content``,
-    ``delta.reasoning_content``, tool-call ``arguments`` and names (chat) or ``text``
-    (completions). Payloads that are not JSON objects (``[DONE]``, errors) are skipped."""
+    ``delta.reasoning`` (vLLM ≥ 0.32) or ``reasoning_content``, tool-call ``arguments`` and
+    names (chat) or ``text`` (completions). Payloads that are not JSON objects (``[DONE]``,
+    errors) are skipped."""
     parts: list[str] = []
     for data in chunks:
         try:
@@ -280,7 +281,7 @@ def completion_text(chunks: list[bytes]) -> str:
             delta = choice.get("delta")
             if not isinstance(delta, dict):
                 continue
-            for key in ("content", "reasoning_content"):
+            for key in ("content", "reasoning", "reasoning_content"):
                 if isinstance(delta.get(key), str):
                     parts.append(delta[key])
             for call in delta.get("tool_calls") or ():
@@ -294,8 +295,8 @@ def completion_text(chunks: list[bytes]) -> str:
 
 def response_text(doc: dict[str, Any]) -> str:
     """The generated text of a non-streaming response document: every choice's
-    ``message.content``, ``message.reasoning_content`` and tool-call names and ``arguments``
-    (chat) or ``text`` (completions)."""
+    ``message.content``, ``message.reasoning`` or ``reasoning_content`` and tool-call names
+    and ``arguments`` (chat) or ``text`` (completions)."""
     parts: list[str] = []
     for choice in doc.get("choices") or ():
         if not isinstance(choice, dict):
@@ -305,7 +306,7 @@ def response_text(doc: dict[str, Any]) -> str:
         msg = choice.get("message")
         if not isinstance(msg, dict):
             continue
-        for key in ("content", "reasoning_content"):
+        for key in ("content", "reasoning", "reasoning_content"):
             if isinstance(msg.get(key), str):
                 parts.append(msg[key])
         for call in msg.get("tool_calls") or ():
