@@ -57,6 +57,7 @@ class RequestRecord:
     cost_usd: float | None = None
     itl: GapTimer | None = None  # inter-token gaps of the relayed stream
     trace_id: str | None = None  # hex W3C trace id of the request span
+    auto_choice: Any = None  # gateway.auto.service.AutoChoice of an auto request (issue 10)
 
     def set_usage(self, usage: Any) -> None:
         """Record an OpenAI ``usage`` object (ignored when absent or malformed)."""

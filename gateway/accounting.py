@@ -55,6 +55,11 @@ async def account(
     except (Exception, asyncio.CancelledError):
         log.exception("usage accounting failed for request %s", rec.request_id)
     state.metrics.record_request(rec)
+    if state.auto is not None:  # the auto tier learns from every finished request
+        try:
+            state.auto.observe(rec)
+        except Exception:
+            log.exception("auto-tier estimate not updated for request %s", rec.request_id)
     trace.finish(rec)
     if state.config.server.access_log:
         log_access(rec, state.config.telemetry.access_log_format)

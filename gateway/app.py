@@ -6,6 +6,7 @@ ordinary FastAPI routes. No compression middleware: ``text/event-stream`` is nev
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ from gateway.admission import Gate
 from gateway.asgi import Scope, send_error
 from gateway.audit import client_addr
 from gateway.auth import PermissionDenied
+from gateway.auto.service import AutoTier
 from gateway.config import GatewayConfig, load_config
 from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError
@@ -36,6 +38,7 @@ from gateway.hardening import HeadersTooLarge, check_headers
 from gateway.health import HealthChecker
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.pools import PoolRegistry
+from gateway.procstats import ProcessCollector
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
 from gateway.telemetry import Telemetry
@@ -134,6 +137,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
 
     telemetry = Telemetry(config.telemetry, registry=metrics.registry)
     gate = Gate(config)  # API keys (read here: a bad keys_file fails at startup), rate limits
+    auto = AutoTier(config, pools)  # the auto tier's live estimates (issue 10)
+    metrics.registry.register(auto.collector())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -145,10 +150,13 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             else MemoryUsageStore()
         )
         state = GatewayState(config, models, pools, upstream, health, metrics, telemetry, usage)
+        state.auto = auto
         holder["state"] = state
         app.state.gateway = state
         routing = RoutingService(config, pools, upstream)
         routing_collector = routing.register_metrics(metrics.registry)
+        process_collector = ProcessCollector(asyncio.get_running_loop())
+        metrics.registry.register(process_collector)
         routing_ref["service"] = routing
         discoveries = []
         for pool in pools.all():
@@ -165,11 +173,14 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         await telemetry.start()
         health.start()
         routing.start()
+        auto.start(upstream)
         try:
             yield
         finally:
+            await auto.stop()
             await routing.stop()
             metrics.registry.unregister(routing_collector)
+            metrics.registry.unregister(process_collector)
             for disc in discoveries:
                 await disc.stop()
             await health.stop()

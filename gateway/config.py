@@ -122,10 +122,14 @@ class RoutingConfig(_Strict):
 
     ``policy``: ``pipeline`` (filters → weighted scorers → picker) or ``round_robin`` (a
     baseline). ``weights``: scorer name → weight (a missing scorer is off); every scorer scores
-    in [0, 1]. ``bounded_load_c``: no replica is picked above ``c`` × the mean load (consistent
-    hashing with bounded loads, Mirrokni, Thorup, Zadimoghaddam 2018); 0 = off.
-    ``bounded_load_min``: the bound is never below this many requests (an engine batches
-    hundreds of sequences: at 1-3 requests the strict bound would only scatter caches).
+    in [0, 1]. ``bounded_load_c``: consistent hashing with bounded loads (Mirrokni, Thorup,
+    Zadimoghaddam 2018): when a session is bound (first turn, or rebound) no replica is picked
+    that would then hold more than ``ceil(c × mean)`` active sessions; with policies that keep
+    no session state (no ``prefix``/``session`` weight, or the store down) the bound applies to
+    requests instead, never below ``bounded_load_min``; 0 = off. ``session_idle_s``: a session
+    counts as active on its replica this long after its last request. ``overload_c`` and
+    ``overload_min``: a bound session stays on its replica unless that replica's request load
+    exceeds ``max(overload_min, overload_c × mean)`` (then it is rebound; 0 = never).
     ``chunk_chars``: characters per prefix block (~4 chars per token, so 2048 ≈ 512 tokens
     ≈ 32 vLLM blocks). ``max_hash_chars``: conversation characters hashed at most (the rest
     only shares its replica). ``table_*``: the in-memory block-hash → replica table (entries;
@@ -137,6 +141,9 @@ class RoutingConfig(_Strict):
     weights: RoutingWeights = {"prefix": 3.0, "session": 2.0, "load": 1.0, "hash": 0.25}
     bounded_load_c: float = Field(1.25, ge=0)
     bounded_load_min: int = Field(4, ge=1)
+    session_idle_s: float = Field(120.0, gt=0)
+    overload_c: float = Field(2.0, ge=0)
+    overload_min: int = Field(16, ge=1)
     chunk_chars: int = Field(2048, ge=64)
     max_hash_chars: int = Field(16 * 1024 * 1024, ge=1024)
     table_max_entries: int = Field(200_000, ge=16)
@@ -193,6 +200,30 @@ class PoolConfig(_Strict):
         return [str(u).rstrip("/") for u in self.endpoints]
 
 
+class AutoConfig(_Strict):
+    """The ``auto`` tier's policy (``gateway.auto``): standard or fast per request, from live
+    estimates of each pool. ``half_life_s``: measurements of finished requests lose half their
+    weight every this many seconds. ``explore_share``: share of new sessions sent to the pool
+    that would lose, while that pool has had no measurement for ``explore_stale_s`` seconds
+    (keeps an unused pool's estimate fresh). ``switch_margin``: a session leaves the pool its
+    last turn used only when the other is faster by more than this fraction (the re-prefill of
+    its conversation is already counted). ``min_samples``: measured requests a pool needs before
+    its estimate is used (until then: fast while below ``auto_fast_max_inflight_per_replica``).
+    ``session_table_entries``/``session_ttl_s``: the session → tier table (LRU + TTL).
+    ``acceptance_scrape_interval_s``: how often the fast pool's ``vllm:spec_decode_*`` counters
+    are read (0 = never). ``seed``: the exploration RNG's seed (None = random)."""
+
+    half_life_s: float = Field(30.0, gt=0)
+    explore_share: float = Field(0.05, ge=0, le=1)
+    explore_stale_s: float = Field(10.0, ge=0)
+    switch_margin: float = Field(0.15, ge=0, lt=1)
+    min_samples: int = Field(3, ge=1)
+    session_table_entries: int = Field(100_000, ge=16)
+    session_ttl_s: float = Field(3600.0, gt=0)
+    acceptance_scrape_interval_s: float = Field(2.0, ge=0)
+    seed: int | None = None
+
+
 class ModelConfig(_Strict):
     """A client-facing model name and its tiers, aliases and fallback chain.
 
@@ -210,6 +241,7 @@ class ModelConfig(_Strict):
         gt=0,
         description="auto picks the fast pool while its mean in-flight per replica is below this",
     )
+    auto: AutoConfig = AutoConfig()
 
     @model_validator(mode="after")
     def _check_tiers(self) -> ModelConfig:

@@ -54,7 +54,9 @@ async def open_with_failover(
     last_reason = ""
     previous_tier: str | None = None
     # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
-    route = RouteRequest.from_doc(body.doc, rec.session_id)
+    route = plan.route
+    if route is None:
+        route = RouteRequest.from_doc(body.doc, rec.session_id)
     for pool in plan.chain:
         if deadline is None:  # the first pool's total timeout bounds the whole request
             total_s = total_timeout_s(pool.config.timeouts.total_s, timeout_s)

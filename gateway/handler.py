@@ -26,6 +26,7 @@ from gateway.asgi import (
     send_response,
 )
 from gateway.attempt import OpenedResponse
+from gateway.auto.service import choose_auto
 from gateway.body import ParsedBody, parse_body
 from gateway.config import Prices
 from gateway.cost import cost_usd
@@ -37,6 +38,7 @@ from gateway.metrics import GapTimer
 from gateway.plan import Plan, plan_request
 from gateway.ratelimit import Reservation
 from gateway.relay import SSE_HEADERS, ChunkRewriter, Usage, error_event, relay_events
+from gateway.routing import RouteRequest
 from gateway.state import GatewayState
 from gateway.tiers import TIER_TO_SERVICE_TIER
 
@@ -83,7 +85,11 @@ class CompletionsEndpoint:
                 body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
             )
             allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
-            plan = plan_request(treq, state.pools, allowed)
+            # routing keys once; auto weighs each pool's live estimate for this request
+            route = RouteRequest.from_doc(body.doc, rec.session_id)
+            choice = await choose_auto(state.auto, treq, route, body.doc, allowed)
+            plan = plan_request(treq, state.pools, allowed, choice)
+            plan.route, rec.auto_choice = route, plan.auto
             if gate is not None:
                 reservation, limit_headers = await gate.reserve(key, body, self.kind, raw_size)
             timeout_s = header_timeout_s(

@@ -84,6 +84,8 @@ QUEUE_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+# Measured / estimated upstream time of auto requests (1 = the estimate was exact).
+RATIO_BUCKETS: tuple[float, ...] = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 # Tokens: the semconv advice for gen_ai.client.token.usage (powers of 4).
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(14))
 
@@ -326,6 +328,14 @@ class GatewayMetrics:
             ["model", "tier", "pool", "stage"],
             registry=r,
         )
+        self.auto_estimate_ratio = Histogram(
+            "speedgate_auto_estimate_ratio",
+            "auto requests: measured / estimated upstream time (TTFT + decode) on the pool "
+            "that served (decisions by reason and live estimates: speedgate_auto_*)",
+            ["pool"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
         r.register(_PoolCollector(pools))
 
     def record_request(self, rec: RequestRecord) -> None:
@@ -365,6 +375,11 @@ class GatewayMetrics:
                 self.tpot.labels(*g).observe(decode_s / (u.completion - 1))
         if rec.cost_usd:
             self.cost.labels(model, tier, pool).inc(rec.cost_usd)
+        choice = rec.auto_choice
+        expected = getattr(choice, "expected_s", None)
+        if expected and outcome == "ok" and rec.ttft_s is not None and choice.pool_key == pool:
+            span = itl.span_s if rec.stream and itl is not None else 0.0
+            self.auto_estimate_ratio.labels(pool).observe((rec.ttft_s + span) / expected)
 
     def observe(self, rec: RequestRecord) -> None:
         """Alias of ``record_request`` (the foundation's name)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.config import GatewayConfig
 from gateway.health import HealthChecker
@@ -13,11 +14,14 @@ from gateway.tiers import ModelIndex
 from gateway.upstream import Upstream
 from gateway.usage_store import UsageStore
 
+if TYPE_CHECKING:
+    from gateway.auto.service import AutoTier
+
 
 @dataclass(slots=True)
 class GatewayState:
     """Everything a request needs: config, name index, pools, upstream client, health probes,
-    metrics, traces and the usage totals store."""
+    metrics, traces and the usage totals store; ``auto``: the auto tier's live estimates."""
 
     config: GatewayConfig
     models: ModelIndex
@@ -27,3 +31,4 @@ class GatewayState:
     metrics: GatewayMetrics
     telemetry: Telemetry
     usage: UsageStore
+    auto: AutoTier | None = None

@@ -1,8 +1,9 @@
 """Replica choice within a pool (DESIGN §5-6): filters → weighted scorers → picker.
 
 - ``keys``: session key and prefix block chain of a request (no tokenizer);
-- ``filters``: not-yet-tried, bounded load; ``scorers/``: one file per scorer, each in [0, 1];
-  ``picker``: best weighted score or round robin; ``pipeline``: one pool's router;
+- ``filters``: not-yet-tried, bounded load, overloaded; ``ledger``: active sessions per
+  replica; ``scorers/``: one file per scorer, each in [0, 1]; ``picker``: best weighted
+  score or round robin; ``pipeline``: one pool's router;
 - ``store``: session and prefix bindings, in memory or Redis; ``table``: the bounded LRU+TTL
   table; ``hashring``: rendezvous order; ``load``: load signals and the ``/metrics`` scraper;
 - ``service``: builds it all in the app's lifespan (store, breaker, scraper, metrics).

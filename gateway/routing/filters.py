@@ -1,13 +1,16 @@
 """Filters: which replicas may take this request (DESIGN §5). Pure.
 
 Health, ejection and the in-flight cap are ``Pool.usable``; here: not tried yet by this request
-(every retry goes to a different replica), and the bounded-load rule.
+(every retry goes to a different replica), the bounded-load rule (``load_bound``/``under_bound``,
+over any load: active sessions when a session is bound, requests for stateless policies), and
+``overloaded``: replicas clearly past their share of requests, the only reason a bound session
+leaves its replica (``pipeline``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gateway.pools import Replica
 
@@ -27,10 +30,24 @@ def load_bound(loads: Sequence[int], c: float, floor: int = 1) -> float:
 
 
 def under_bound(
-    candidates: Sequence[Replica], loads: dict[Replica, int], c: float, floor: int = 1
+    candidates: Sequence[Replica], loads: Mapping[Replica, int], c: float, floor: int = 1
 ) -> list[Replica]:
     """Candidates that stay within the bound after taking this request (load + 1 ≤ bound).
     Never empty when ``candidates`` is not: the least loaded always qualifies for c ≥ 1."""
     bound = load_bound([loads[r] for r in candidates], c, floor)
     kept = [r for r in candidates if loads[r] + 1 <= bound]
     return kept or list(candidates)
+
+
+def overloaded(
+    candidates: Sequence[Replica], loads: Mapping[Replica, int], c: float, floor: int
+) -> set[Replica]:
+    """Candidates whose request load (``load.replica_load``) is over ``max(floor, c × mean)``:
+    a queue, not a burst. An engine batches hundreds of sequences, so a few more requests cost
+    a bound session far less than prefilling its whole conversation again elsewhere; only a
+    replica this far past its share (slowed down, or handed a flood) is worth leaving.
+    ``c <= 0``: never."""
+    if c <= 0 or not candidates:
+        return set()
+    limit = max(floor, c * sum(loads[r] for r in candidates) / len(candidates))
+    return {r for r in candidates if loads[r] > limit}

@@ -1,10 +1,12 @@
 """Load signals of each replica: in-flight requests at this gateway, plus the engine's own
 queue and KV-cache usage scraped from its ``/metrics`` (vLLM names, DESIGN §4).
 
-``replica_load`` is the one number the bounded-load rule and the load scorer use: the larger
-of this gateway's in-flight count and the engine's ``num_requests_running +
-num_requests_waiting`` (which also counts other gateway replicas' requests), the engine part
-only while fresh (scraped within 3 intervals). Units: requests; KV usage 0..1.
+``replica_load`` is the request load: the larger of this gateway's in-flight count and the
+engine's ``num_requests_running + num_requests_waiting`` (which also counts other gateway
+replicas' requests), the engine part only while fresh (scraped within 3 intervals). It decides
+whether a replica is ``overloaded`` (the only reason a bound session leaves it), feeds the load
+scorer, and is what the bounded-load rule bounds for policies without session state; sessions
+being bound are bounded by active sessions instead (``ledger``). Units: requests; KV usage 0..1.
 """
 
 from __future__ import annotations

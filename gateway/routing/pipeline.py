@@ -1,14 +1,29 @@
 """One pool's router: filters → weighted scorers → picker, with the state store's bindings
 (DESIGN §5-6).
 
-For each attempt: candidates are the pool's usable replicas not tried yet; the bounded-load
-filter drops replicas that one more request would put above ``c ×`` the mean load; the scorers
-(prefix affinity, session stickiness, load, consistent-hash order) are summed with the pool's
-weights and the best wins. A session whose replica is over the bound therefore spills to the
-best remaining replica — with no other affinity, the next in its consistent-hash order — and
-the bindings are rewritten to the replica actually picked (the table follows the session).
-When the store cannot answer (Redis down), the weights become ``{hash: 1}``: consistent
-hashing on the session key, the same answer on every gateway replica.
+For each attempt, candidates are the pool's usable replicas not tried yet. With session state
+(a ``prefix`` or ``session`` weight and the store answering):
+
+1. **Stay.** The affinity scorers (``prefix``, ``session``) name the replica that holds the
+   session's conversation; if it is a candidate and not ``overloaded`` (request load over
+   ``max(overload_min, overload_c × mean)``: a queue, not a burst) the request goes there,
+   whatever the momentary loads. Every turn that leaves it re-prefills the whole conversation
+   (seconds at long context), which costs far more than waiting behind a few requests that the
+   engine batches anyway (SGLang's cache-aware router and llm-d keep affinity the same way
+   unless a replica is clearly imbalanced).
+2. **(Re)bind.** A new session, or one whose replica is gone, tried, or overloaded, is bound
+   under the bounded-load rule (Mirrokni, Thorup, Zadimoghaddam 2018) with **active sessions**
+   as the load (``ledger``): no replica that would then hold more than ``ceil(c × (S + 1) /
+   n)`` sessions, c = ``bounded_load_c``; overloaded replicas are skipped too. Among the rest
+   the weighted scorers pick: ``prefix`` favours the replica holding the longest (even partial)
+   prefix of the conversation, ``load`` the one with fewest requests and sessions, ``hash``
+   breaks ties along the session's consistent-hash order.
+
+The bindings are rewritten to the replica actually picked (the table follows the session), and
+the ledger moves the session's count with it. Without session state (``weights`` of ``load``
+and/or ``hash`` only) every request is scored, the bound applying to requests in flight. When
+the store cannot answer (Redis down), the weights become ``{hash: 1}``: consistent hashing on
+the session key, the same answer on every gateway replica.
 """
 
 from __future__ import annotations
@@ -20,9 +35,10 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 
 from gateway.pools import Pool, Replica
-from gateway.routing.filters import not_tried, under_bound
+from gateway.routing.filters import not_tried, overloaded, under_bound
 from gateway.routing.hashring import hash_order
 from gateway.routing.keys import RouteRequest, sampled_indices
+from gateway.routing.ledger import SessionLedger
 from gateway.routing.load import replica_load
 from gateway.routing.picker import RoundRobin, pick_best, weighted_scores
 from gateway.routing.scorers import ScoreContext
@@ -43,6 +59,8 @@ class PoolRouter:
         self.rng = rng or random.Random()
         self.round_robin = RoundRobin()
         self.decisions: Counter[str] = Counter()
+        cfg = pool.config.routing
+        self.ledger = SessionLedger(cfg.session_idle_s, max(16, cfg.table_max_entries // 4))
         self._pending: set[asyncio.Task[None]] = set()
 
     async def pick(
@@ -81,15 +99,45 @@ class PoolRouter:
         loads = {r: replica_load(r, now) for r in cands}
         ctx = ScoreContext(lookup, len(blocks), hash_order(route.session_key, self.pool.replicas),
                            loads, min(len(blocks), route.lead_blocks(cfg.chunk_chars)))
-        bounded = under_bound(cands, loads, cfg.bounded_load_c, cfg.bounded_load_min)
-        choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
+        if uses_store and lookup is not None:
+            choice = self._pick_session(route.session_key, ctx, cands, weights, now)
+        else:
+            bounded = under_bound(cands, loads, cfg.bounded_load_c, cfg.bounded_load_min)
+            choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
         assert choice is not None
+        if uses_store:
+            self.ledger.touch(route.session_key, choice.name, now)
         self.decisions[self._reason(lookup, uses_store, choice, ctx.lead_blocks)] += 1
         if uses_store and lookup is not None:
             held = lookup.depth.get(choice.name, 0)
             todo = [i for i in indices if i >= held - 1][:MAX_RECORDED_BLOCKS]
             self._record(route.session_key, blocks, todo, choice.name)
         return choice
+
+    def _pick_session(
+        self, session: str, ctx: ScoreContext, cands: list[Replica],
+        weights: dict[str, float], now: float,
+    ) -> Replica | None:
+        """Stay on the session's replica unless it is overloaded; else (re)bind it under the
+        bounded-load rule on active sessions (see the module docstring)."""
+        cfg = self.pool.config.routing
+        hot = overloaded(cands, ctx.loads, cfg.overload_c, cfg.overload_min)
+        affinity = {k: weights[k] for k in ("prefix", "session") if weights.get(k)}
+        aff = weighted_scores(ctx, cands, affinity)
+        top = max(aff)
+        if top > 0:
+            home = [r for r, a in zip(cands, aff, strict=True) if a >= top - 1e-9]
+            if len(home) > 1:  # same depth on several: the least loaded of them
+                low = min(ctx.loads[r] for r in home)
+                home = [r for r in home if ctx.loads[r] == low]
+            if home[0] not in hot:
+                return home[0]
+        counts = self.ledger.counts(now, without=session)
+        ctx.sessions = {r: counts.get(r.name, 0) for r in cands}
+        cool = [r for r in cands if r not in hot] or cands
+        bounded = [r for r in under_bound(cands, ctx.sessions, cfg.bounded_load_c) if r in cool]
+        bounded = bounded or cool
+        return pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
 
     @staticmethod
     def _reason(lookup: Lookup | None, uses_store: bool, choice: Replica, lead: int) -> str:

@@ -7,8 +7,8 @@ Metrics (no session ids as labels): ``speedgate_state_store_degraded`` (1 while 
 and routing runs on consistent hashing), ``speedgate_state_store_circuit_opened_total``,
 ``speedgate_routing_decisions_total{pool, reason}`` with reason ``prefix`` (the replica holding
 the longest known prefix), ``session`` (the session's replica), ``new`` (nothing known),
-``spill`` (affinity overridden by the load bound or load), ``hash_fallback`` (store down),
-``round_robin``, ``scored``, ``no_route``.
+``spill`` (affinity given up: the replica overloaded, tried or gone), ``hash_fallback``
+(store down), ``round_robin``, ``scored``, ``no_route``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,18 @@
 """Routing pipeline: scorers, weights, bounded load and spill, store fallback, exclusion."""
 
 import asyncio
+import math
 import random
+from collections import Counter
 
 import pytest
 
 from gateway.config import PoolConfig, RoutingConfig
 from gateway.pools import Pool, Replica
 from gateway.routing import RouteRequest
-from gateway.routing.filters import load_bound, under_bound
+from gateway.routing.filters import load_bound, overloaded, under_bound
 from gateway.routing.hashring import hash_order
+from gateway.routing.ledger import SessionLedger
 from gateway.routing.load import apply_engine_metrics, parse_engine_metrics, replica_load
 from gateway.routing.picker import pick_best, weighted_scores
 from gateway.routing.pipeline import PoolRouter
@@ -179,3 +182,100 @@ def test_shared_system_prompt_alone_gives_no_affinity():
         assert router.decisions["new"] == 2
 
     asyncio.run(run())
+
+
+def test_overloaded_is_a_queue_not_a_burst():
+    rs = _pool(4).replicas
+    loads = dict(zip(rs, [6, 2, 1, 0], strict=True))
+    assert overloaded(rs, loads, 2.0, 16) == set()  # over 1.25 x the mean, but a burst
+    loads = dict(zip(rs, [40, 2, 1, 0], strict=True))
+    assert overloaded(rs, loads, 2.0, 16) == {rs[0]}  # 40 > max(16, 2 x 10.75)
+    assert overloaded(rs, loads, 0, 16) == set()  # off
+
+
+def test_load_scorer_counts_active_sessions_when_binding():
+    rs = _pool(3).replicas
+    ctx = ScoreContext(None, 0, list(rs), {rs[0]: 0, rs[1]: 2, rs[2]: 0},
+                       sessions={rs[0]: 5, rs[1]: 3, rs[2]: 3})
+    s = SCORERS["load"](ctx, rs)
+    assert s[2] > s[1] > s[0]  # fewest sessions first; requests in flight break the tie
+    assert all(0.0 <= x <= 1.0 for x in s)
+
+
+def test_bound_session_stays_through_a_load_burst():
+    async def run():
+        pool = _pool(4)
+        router = PoolRouter(pool, MemoryRoutingStore(), random.Random(5))
+        first = await router.pick(RouteRequest.from_doc(_doc(1), None), pool.replicas)
+        await router.drain()
+        first.inflight = 6  # over ceil(1.25 x mean) = 2, but no queue worth a re-prefill
+        again = await router.pick(RouteRequest.from_doc(_doc(2), None), pool.replicas)
+        assert again is first and router.decisions["spill"] == 0
+
+    asyncio.run(run())
+
+
+def test_new_sessions_bound_under_the_session_bound():
+    async def run():
+        # no load scorer: the hash order alone would pile sessions up; the bound on active
+        # sessions (Mirrokni et al.) caps every replica at ceil(1.25 x (S + 1) / n)
+        pool = _pool(4, weights={"session": 1.0, "hash": 1.0})
+        router = PoolRouter(pool, MemoryRoutingStore(), random.Random(6))
+        picks = Counter()
+        for i in range(16):
+            r = await router.pick(RouteRequest.from_doc(_doc(0), f"s{i}"), pool.replicas)
+            picks[r.name] += 1
+            assert max(picks.values()) <= math.ceil(1.25 * (i + 1) / 4)
+        assert router.ledger.counts() == dict(picks)
+
+    asyncio.run(run())
+
+
+def test_new_sessions_spread_evenly_with_the_default_weights():
+    async def run():
+        pool = _pool(4)
+        router = PoolRouter(pool, MemoryRoutingStore(), random.Random(7))
+        rng = random.Random(8)
+        for i in range(12):
+            for r in pool.replicas:  # requests in flight: a snapshot that keeps changing
+                r.inflight = rng.randrange(3)
+            await router.pick(RouteRequest.from_doc(_doc(0, f"task {i}"), None), pool.replicas)
+        assert sorted(router.ledger.counts().values()) == [3, 3, 3, 3]
+
+    asyncio.run(run())
+
+
+def test_overloaded_replica_spills_to_the_longest_partial_prefix():
+    async def run():
+        pool = _pool(4)
+        a, b = pool.replicas[0], pool.replicas[1]
+        store = MemoryRoutingStore()
+        router = PoolRouter(pool, store, random.Random(9))
+        early = RouteRequest.from_doc(_doc(2), "s")
+        await store.record(pool.key, "x", await early.chain(2048, 10**9),
+                           list(range(len(early.blocks[2048]))), b.name)  # b: turn 2's prefix
+        late = RouteRequest.from_doc(_doc(5), "s")
+        await store.record(pool.key, "s", await late.chain(2048, 10**9),
+                           list(range(len(late.blocks[2048]))), a.name)  # a: all of turn 5
+        a.inflight = 30
+        got = await router.pick(RouteRequest.from_doc(_doc(6), "s"), pool.replicas)
+        assert got is b and router.decisions["spill"] == 1
+
+    asyncio.run(run())
+
+
+def test_session_ledger_counts_moves_and_idles():
+    now = [0.0]
+    led = SessionLedger(idle_s=10, max_entries=3, clock=lambda: now[0])
+    led.touch("a", "r0")
+    led.touch("b", "r0")
+    led.touch("c", "r1")
+    assert led.counts() == {"r0": 2, "r1": 1}
+    assert led.counts(without="a") == {"r0": 1, "r1": 1}
+    led.touch("a", "r1")  # the session moved
+    assert led.counts() == {"r0": 1, "r1": 2} and led.replica_of("a") == "r1"
+    led.touch("d", "r2")  # over max_entries: the least recently seen ("b") is forgotten
+    assert led.replica_of("b") is None and len(led) == 3
+    now[0] = 11.0
+    led.touch("c", "r1")
+    assert led.counts() == {"r1": 1}  # a and d idle too long

@@ -68,14 +68,14 @@ def test_auto_prefers_fast_when_idle_and_standard_when_busy():
     pools = PoolRegistry(cfg)
     req = ModelIndex(cfg).resolve("m-auto", None, None)
     plan = plan_request(req, pools)
-    assert (plan.chain[0].tier, plan.reason) == ("fast", "auto-fast-idle")
+    assert (plan.chain[0].tier, plan.reason) == ("fast", "fast-idle")
     for r in pools.get("m", "fast").replicas:
         r.inflight = 10
     plan = plan_request(req, pools)
-    assert (plan.chain[0].tier, plan.reason) == ("standard", "auto-fast-busy")
+    assert (plan.chain[0].tier, plan.reason) == ("standard", "fast-saturated")
     for r in pools.get("m", "fast").replicas:
         r.healthy = False
-    assert plan_request(req, pools).reason == "auto-fast-unavailable"
+    assert plan_request(req, pools).reason == "fast-unavailable"
 
 
 def test_missing_tier_serves_standard():

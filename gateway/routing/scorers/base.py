@@ -13,10 +13,13 @@ class ScoreContext:
     """``lookup``: the state store's bindings (None: store unavailable or not consulted);
     ``blocks``: the request's prefix block count; ``order``: the session's consistent-hash
     order of the whole pool; ``loads``: requests per candidate (``load.replica_load``);
-    ``lead_blocks``: blocks of the shared preamble (system prompt) that prove no affinity."""
+    ``lead_blocks``: blocks of the shared preamble (system prompt) that prove no affinity;
+    ``sessions``: active sessions per candidate (``ledger``) when a session is being bound,
+    None for policies that keep no session state."""
 
     lookup: Lookup | None
     blocks: int
     order: list[Replica]
     loads: dict[Replica, int] = field(default_factory=dict)
     lead_blocks: int = 0
+    sessions: dict[Replica, int] | None = None

@@ -1,0 +1,105 @@
+"""The auto tier through a real gateway and simulators (issue 10): at light load ``auto`` goes
+fast; once the fast pool is saturated new sessions go standard, while a session whose long
+conversation is cached on fast stays there (the re-prefill would cost more than the gain).
+Reasons in ``x-speedgate-auto-reason``, the serving tier in ``x-speedgate-tier`` and
+``service_tier``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+
+import aiohttp
+import httpx
+import pytest
+
+from tests.e2e.stack import MODEL, Stack
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def auto_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # one replica per tier at real speed (time-scale 1): 12 ms/token standard, ~6 fast idle
+    s = Stack(
+        tmp_path_factory.mktemp("auto"),
+        replicas_per_tier=1,
+        sim_args=("--time-scale", "1", "--output-tokens", "32"),
+        config_extra={},
+    )
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _doc(content: str, stream: bool = False) -> dict:
+    return {"model": MODEL, "stream": stream, "max_tokens": 32,
+            "messages": [{"role": "system", "content": "You are terse."},
+                         {"role": "user", "content": content}]}
+
+
+async def _post(http: aiohttp.ClientSession, url: str, doc: dict, tier: str,
+                session: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    headers = {"x-speedgate-tier": tier}
+    if session:
+        headers["x-session-id"] = session
+    async with http.post(url + "/v1/chat/completions", json=doc, headers=headers) as r:
+        return r.status, dict(r.headers), await r.read()
+
+
+async def _scenario(url: str) -> dict[str, tuple[str, str, str]]:
+    out: dict[str, tuple[str, str, str]] = {}
+    long_ctx = "the build log says: test passed, module ok. " * 1000  # ~45k chars ≈ 11k tokens
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        # warm both pools' estimates at light load (streams: TTFT and decode measured)
+        for i in range(4):
+            for tier in ("standard", "fast"):
+                st, _, _ = await _post(http, url, _doc(f"warm {tier} {i}", True), tier)
+                assert st == 200
+
+        async def auto(name: str, doc: dict, session: str) -> None:
+            st, h, body = await _post(http, url, doc, "auto", session)
+            assert st == 200, body
+            service_tier = json.loads(body)["service_tier"]
+            out[name] = (h["x-speedgate-tier"], h.get("x-speedgate-auto-reason", ""),
+                         service_tier)
+
+        await auto("idle", _doc("hello"), "new-1")
+        await auto("long-1", _doc(long_ctx), "long")  # its 11k-token prefix now cached on fast
+
+        stop = asyncio.Event()
+
+        async def hog() -> None:  # closed-loop fixed-fast traffic that saturates the fast pool
+            while not stop.is_set():
+                await _post(http, url, _doc("busy", True), "fast")
+
+        hogs = [asyncio.create_task(hog()) for _ in range(80)]
+        try:
+            await asyncio.sleep(4.0)  # requests at high load finish and feed the estimates
+            await auto("saturated", _doc("a new task"), "new-2")
+            await auto("long-2", _doc(long_ctx + " next turn"), "long")
+        finally:
+            stop.set()
+            for t in hogs:
+                with contextlib.suppress(Exception):
+                    await t
+    return out
+
+
+def test_auto_goes_fast_when_idle_and_standard_when_fast_is_saturated(auto_stack: Stack):
+    out = asyncio.run(_scenario(auto_stack.base_url))
+    assert out["idle"] == ("fast", "fast-faster", "priority"), out
+    assert out["long-1"][0] == "fast", out
+    assert out["saturated"] == ("standard", "fast-saturated", "default"), out
+    # the long session keeps its cache: the flip's re-prefill outweighs the gain
+    assert out["long-2"][0] == "fast" and out["long-2"][1] in (
+        "prefix-on-fast", "session-sticky"), out
+    text = httpx.get(auto_stack.base_url + "/metrics").text
+    assert 'speedgate_auto_decisions_total{model="mymodel",reason="fast-saturated",' \
+           'tier="standard"}' in text
+    assert "speedgate_auto_estimated_output_tokens_per_second" in text
+    assert "speedgate_auto_estimate_ratio_bucket" in text
