@@ -232,6 +232,21 @@ async def reset(sims: dict[str, list[str]]) -> None:
                     r.raise_for_status()
 
 
+async def auto_gauges(url: str) -> dict[str, float]:
+    """The auto gateway's live estimates vs measurements (``speedgate_auto_*`` gauges)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as r:
+        text = await r.text()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name.startswith("speedgate_auto_") and fam.type == "gauge":
+            for smp in fam.samples:
+                key = f"{fam.name.removeprefix('speedgate_auto_')}[{smp.labels.get('pool')}]"
+                out[key] = round(smp.value, 5)
+    return out
+
+
 async def sweep(p: Params, gws: dict[str, str], sims: dict[str, list[str]]) -> dict[str, Any]:
     out: dict[str, Any] = {"levels": {}, "ramp": {}}
     for level in p.levels:
@@ -241,6 +256,8 @@ async def sweep(p: Params, gws: dict[str, str], sims: dict[str, list[str]]) -> d
             users = [User(i, p) for i in range(level)]
             sched = [(0.0, level), (p.warmup_s + p.duration_s, level)]
             row[mode] = (await drive(gws[mode], mode, users, sched, p.warmup_s)).summary()
+            if mode == "auto":
+                row[mode]["estimates"] = await auto_gauges(gws[mode])
         out["levels"][str(level)] = row
     if p.ramp:
         for mode in MODES:

@@ -16,7 +16,9 @@ where ``load`` is the pool's mean requests per replica (``gateway.routing.load.r
 in flight here, or the engine's scraped running + waiting when larger), averaged over the
 request's dispatch and finish. Old samples fade with a half-life (``half_life_s``), but never
 below ``MIN_WEIGHT`` samples' worth, so an unused pool keeps its last fit (the exploration
-share of ``decide`` refreshes it). Ridge priors (``PRIOR_*``) only matter before data arrives.
+share of ``decide`` refreshes it). Ridge priors (``PRIOR_*``) only matter before data arrives,
+except the load slope's, which is proportional to the fitted intercept (``RELATIVE_SLOPE``, per
+tier) and decides until the pool has been measured at more than one load.
 
 The fast pool's TPOT is also scaled by its speculative acceptance: the mean tokens per step
 ``1 + accepted / drafts`` from the engines' ``vllm:spec_decode_num_accepted_tokens`` and
@@ -45,6 +47,16 @@ PRIOR_TTFT = ((0.05, 0.01), (0.0, 100.0), (0.07, 1.0))
 PRIOR_TPOT = ((0.012, 0.01), (0.0, 100.0))
 #: The TTFT model's prefill feature is uncached prompt tokens / this (thousands of tokens).
 KTOK = 1000.0
+#: Prior of the load slopes, relative to the intercept (per request of load): how much slower a
+#: step gets per sequence in the batch. Standard decode: 0.1 ms per sequence on a 12 ms step
+#: (1/120); speculative (k = 4): the draft's 0.01 ms × k plus verification's 0.1 ms × (k + 1)
+#: per sequence on a 16 ms step (0.54/16 ≈ 1/30) — ``engines/sim/perf.py``, calibrated on vLLM's
+#: published 70B TP4 measurements. Only a prior: with data at several loads the fit decides.
+#: It matters when a pool was only ever measured idle and load jumps (without it, an idle-only
+#: fit would call the fast pool fast at any load until its slow requests finish).
+RELATIVE_SLOPE = {"standard": 1 / 120, "fast": 0.54 / 16}
+#: Iterations of the relative slope prior's fixed point (each a 3×3 solve, ~10 µs).
+FIXED_POINT_STEPS = 6
 #: Completion length assumed before any request finished and without ``max_tokens`` (tokens).
 DEFAULT_OUTPUT_TOKENS = 256
 #: Spec-decode acceptance correction is clamped to this factor either way.
@@ -63,9 +75,11 @@ class DecayedRidge:
         priors: Sequence[tuple[float, float]],
         half_life_s: float,
         min_weight: float = MIN_WEIGHT,
+        relative_slope: float | None = None,
     ) -> None:
         self.k = len(priors)
         self.priors = tuple(priors)
+        self.relative_slope = relative_slope  # prior μ₁ = this × β₀ (a slope ∝ the intercept)
         self.half_life_s = half_life_s
         self.min_weight = min_weight
         self.xtx = [[0.0] * self.k for _ in range(self.k)]
@@ -105,13 +119,21 @@ class DecayedRidge:
     def beta(self) -> list[float]:
         """The fitted coefficients (the prior means before any sample)."""
         if self._beta is None:
-            a = [row[:] for row in self.xtx]
-            b = self.xty[:]
-            for j, (mu, lam) in enumerate(self.priors):
-                a[j][j] += lam
-                b[j] += lam * mu
-            self._beta = _solve(a, b)
+            mus = [mu for mu, _ in self.priors]
+            self._beta = self._solve_with(mus)
+            if self.relative_slope is not None:  # fixed point of μ₁ = ρ × fitted β₀
+                for _ in range(FIXED_POINT_STEPS):
+                    mus[1] = self.relative_slope * max(0.0, self._beta[0])
+                    self._beta = self._solve_with(mus)
         return self._beta
+
+    def _solve_with(self, mus: list[float]) -> list[float]:
+        a = [row[:] for row in self.xtx]
+        b = self.xty[:]
+        for j, (_, lam) in enumerate(self.priors):
+            a[j][j] += lam
+            b[j] += lam * mus[j]
+        return _solve(a, b)
 
     def predict(self, x: Sequence[float]) -> float:
         """``x·β``."""
@@ -196,10 +218,11 @@ class PoolEstimator:
     """The live estimate of one pool: TTFT and TPOT models, typical completion length,
     measured speed (for telemetry), and spec-decode acceptance (mean tokens per step)."""
 
-    def __init__(self, half_life_s: float = 30.0) -> None:
+    def __init__(self, half_life_s: float = 30.0, tier: str | None = None) -> None:
         self.half_life_s = half_life_s
-        self.ttft = DecayedRidge(PRIOR_TTFT, half_life_s)
-        self.tpot = DecayedRidge(PRIOR_TPOT, half_life_s)
+        rel = RELATIVE_SLOPE.get(tier or "")
+        self.ttft = DecayedRidge(PRIOR_TTFT, half_life_s, relative_slope=rel)
+        self.tpot = DecayedRidge(PRIOR_TPOT, half_life_s, relative_slope=rel)
         self.output_tokens = Ewma(half_life_s)  # completion tokens per request
         self.measured_tps = Ewma(half_life_s)  # output tokens/s per request (decode)
         self.measured_ttft = Ewma(half_life_s)  # s

@@ -125,7 +125,7 @@ class AutoTier:
             for n, m in config.models.items()
         }
         self.estimators: dict[str, PoolEstimator] = {
-            p.key: PoolEstimator(self.models[p.model].half_life_s) for p in pools.all()
+            p.key: PoolEstimator(self.models[p.model].half_life_s, p.tier) for p in pools.all()
         }
         self.sessions: dict[str, AffinityTable] = {
             n: AffinityTable(m.auto.session_table_entries, m.auto.session_ttl_s)

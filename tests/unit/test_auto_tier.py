@@ -95,6 +95,26 @@ def test_pool_estimator_learns_ttft_prefill_and_tpot():
     assert e.output_tokens.value == pytest.approx(65)
 
 
+def test_idle_only_fit_still_expects_fast_to_slow_down_under_load():
+    std, fast = PoolEstimator(tier="standard"), PoolEstimator(tier="fast")
+    for i in range(10):  # both measured only idle: fast 2x faster
+        std.observe(Measurement(500, 0, 33, 1.0, ttft_s=0.03, decode_s=32 * 0.012), now=i)
+        fast.observe(Measurement(500, 0, 33, 1.0, ttft_s=0.03, decode_s=32 * 0.006), now=i)
+    s, f = std.snapshot(10), fast.snapshot(10)
+    assert f.tpot_s(1) < s.tpot_s(1) / 1.8
+    assert f.tpot_s(128) > s.tpot_s(128)  # the relative slope prior (vLLM's spec-decode shape)
+    # measured at high load, the data wins over the prior
+    for i in range(10):
+        fast.observe(Measurement(500, 0, 33, 100.0, ttft_s=0.03, decode_s=32 * 0.008),
+                     now=20 + i)
+    assert fast.snapshot(30).tpot_s(100) == pytest.approx(0.008, rel=0.1)
+    # measured only busy: the idle speed is inferred along the prior's shape
+    busy = PoolEstimator(tier="standard")
+    for i in range(10):
+        busy.observe(Measurement(500, 0, 33, 60.0, ttft_s=0.1, decode_s=32 * 0.018), now=i)
+    assert busy.snapshot(10).tpot_s(0) == pytest.approx(0.018 / (1 + 60 / 120), rel=0.05)
+
+
 def test_json_response_learns_tpot_through_predicted_ttft():
     e = PoolEstimator()
     for i in range(10):
