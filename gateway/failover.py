@@ -56,7 +56,7 @@ async def open_with_failover(
     # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
     route = plan.route
     if route is None:
-        route = RouteRequest.from_doc(body.doc, rec.session_id)
+        route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
     for pool in plan.chain:
         if deadline is None:  # the first pool's total timeout bounds the whole request
             total_s = total_timeout_s(pool.config.timeouts.total_s, timeout_s)

@@ -85,13 +85,14 @@ class CompletionsEndpoint:
                 body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
             )
             allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
-            # routing keys once; auto weighs each pool's live estimate for this request
-            route = RouteRequest.from_doc(body.doc, rec.session_id)
+            if gate is not None:  # limits before any routing work (a refused request costs ~0)
+                reservation, limit_headers = await gate.reserve(key, body, self.kind, raw_size)
+            # routing keys once (sessions scoped to the API key); auto weighs each pool's live
+            # estimate for this request
+            route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
             choice = await choose_auto(state.auto, treq, route, body.doc, allowed)
             plan = plan_request(treq, state.pools, allowed, choice)
             plan.route, rec.auto_choice = route, plan.auto
-            if gate is not None:
-                reservation, limit_headers = await gate.reserve(key, body, self.kind, raw_size)
             timeout_s = header_timeout_s(
                 header(scope, b"x-speedgate-timeout"), header(scope, b"x-stainless-timeout")
             )

@@ -23,6 +23,7 @@ Times in seconds unless a name says ``_ms``.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
@@ -314,6 +315,18 @@ class RedisLimiter:
         self.fallback = fallback or MemoryLimiter()
         self._reserve = client.register_script(RESERVE_LUA)
         self._release = client.register_script(RELEASE_LUA)
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def _forget_lease(self, slots_key: str, lease: str) -> None:
+        """Remove ``lease`` from the concurrency set, retrying for a few seconds (Redis may be
+        slow right now); errors are swallowed: the slot TTL is the last resort."""
+        for delay in (0.2, 1.0, 3.0):
+            await asyncio.sleep(delay)
+            try:
+                await self.client.zrem(slots_key, lease)
+                return
+            except Exception:
+                continue
 
     def keys(self, key_id: str) -> list[str]:
         """Redis keys of ``key_id`` (one hash tag, so one cluster slot)."""
@@ -331,6 +344,13 @@ class RedisLimiter:
                 res = await self._reserve(keys=self.keys(key_id), args=args)
             except Exception as e:  # timeouts, connection errors, script errors
                 self.breaker.failure(e)
+                # the script may have run and taken a slot while its reply was lost: give the
+                # lease back in the background (best effort), or it would hold until its TTL
+                task = asyncio.get_running_loop().create_task(
+                    self._forget_lease(self.keys(key_id)[2], lease)
+                )
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
             else:
                 self.breaker.success()
                 return self._decision(key_id, limits, tokens, lease, res)

@@ -73,12 +73,18 @@ def message_texts(doc: dict[str, Any]) -> list[str]:
     return [orjson.dumps(prompt).decode()]
 
 
-def session_key(doc: dict[str, Any], header: str | None, lead_chars: int = 4096) -> str:
+def session_key(
+    doc: dict[str, Any], header: str | None, lead_chars: int = 4096, scope: str | None = None
+) -> str:
     """``"h:" + header`` when given, else ``"p:" + hex`` of the leading messages (through the
-    first user message, ``lead_chars`` of each at most; a completion's prompt start)."""
+    first user message, ``lead_chars`` of each at most; a completion's prompt start).
+    ``scope`` (the API key's id when auth is on) keeps tenants' sessions apart even when they
+    send the same session id or the same opening messages."""
     if header:
-        return "h:" + header
+        return f"h:{scope}/{header}" if scope else "h:" + header
     h = hashlib.blake2b(digest_size=12)
+    if scope:
+        h.update(scope.encode() + b"\x02")
     messages = doc.get("messages")
     if isinstance(messages, list):
         for m in messages:
@@ -132,8 +138,11 @@ class RouteRequest:
     lookups: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_doc(cls, doc: dict[str, Any], session_header: str | None) -> RouteRequest:
-        """From the parsed body and the ``x-session-id`` header (None when absent)."""
+    def from_doc(
+        cls, doc: dict[str, Any], session_header: str | None, scope: str | None = None
+    ) -> RouteRequest:
+        """From the parsed body and the ``x-session-id`` header (None when absent); ``scope``
+        (the API key id) namespaces the session key."""
         texts = message_texts(doc)
         lead = 0
         messages = doc.get("messages")
@@ -142,7 +151,9 @@ class RouteRequest:
                 if isinstance(m, dict) and m.get("role") == "user":
                     break
                 lead += 1
-        return cls(session_key(doc, session_header), texts, sum(len(t) for t in texts), lead)
+        return cls(
+            session_key(doc, session_header, scope=scope), texts, sum(len(t) for t in texts), lead
+        )
 
     def lead_blocks(self, chunk_chars: int) -> int:
         """Blocks of the preamble before the first user message (a system prompt shared by

@@ -138,3 +138,34 @@ def test_graceful_shutdown_is_configurable():  # M6
     cfg = GatewayConfig(server={"graceful_shutdown_s": 90}, models={"m": {"tiers": {
         "standard": {"served_model_name": "m", "endpoints": ["http://h:1"]}}}})
     assert cfg.server.graceful_shutdown_s == 90
+
+
+def test_session_keys_are_scoped_by_api_key():  # review: tenants share no session state
+    from gateway.routing.keys import session_key
+
+    doc = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}
+    assert session_key(doc, None, scope="a") != session_key(doc, None, scope="b")
+    assert session_key(doc, "s1", scope="a") != session_key(doc, "s1", scope="b")
+    assert session_key(doc, "s1") == "h:s1" and session_key(doc, None) == session_key(doc, None)
+
+
+async def test_lost_redis_reply_gives_the_lease_back():  # review: no slot held for an hour
+    from gateway.ratelimit import RedisLimiter
+
+    removed: list[tuple[str, str]] = []
+
+    class Client:
+        def register_script(self, _):
+            async def fail(**_kw):
+                raise TimeoutError("reply lost")
+            return fail
+
+        async def zrem(self, key, lease):
+            removed.append((key, lease))
+
+    limiter = RedisLimiter(Client(), fail_mode="open")
+    from gateway.ratelimit import KeyLimits
+
+    await limiter.reserve("k", KeyLimits(requests_per_min=10, tokens_per_min=0, concurrent=1), 5)
+    await asyncio.wait_for(asyncio.gather(*limiter._pending), 3)
+    assert removed and removed[0][0].endswith(":slots")
