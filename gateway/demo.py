@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 from gateway.config import GatewayConfig
 
@@ -168,18 +169,11 @@ def run_demo(
     """Run the demo until interrupted; returns the exit status. ``engine``: ``sim`` (the
     simulator) or ``vllm`` (real vLLM on CPU with a tiny random-weight model, see
     ``engines.vllm``; installs its venv on first use)."""
-    from gateway.cli import run_server
-
     if engine == "vllm":
         return _run_vllm_demo(port, host, replicas_per_tier)
     procs: list[subprocess.Popen] = []
-    atexit.register(stop_processes, procs)
 
-    def _terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
+    def start() -> dict[str, list[str]]:
         urls: dict[str, list[str]] = {"standard": [], "fast": []}
         seed = 0
         for tier, mode in (("standard", "standard"), ("fast", "speculative")):
@@ -190,16 +184,9 @@ def run_demo(
                 seed += 1
         for proc, url in zip(procs, urls["standard"] + urls["fast"], strict=True):
             wait_healthy(url, proc)
-        print(_banner(host, port, urls["standard"], urls["fast"]), flush=True)
-        run_server(demo_config(urls["standard"], urls["fast"], host, port))
-    except KeyboardInterrupt:
-        pass
-    except RuntimeError as e:
-        print(f"speedgate demo: {e}", file=sys.stderr)
-        return 1
-    finally:
-        stop_processes(procs)
-    return 0
+        return urls
+
+    return _serve_demo(start, lambda: stop_processes(procs), host, port)
 
 
 def _run_vllm_demo(port: int, host: str, replicas_per_tier: int) -> int:
@@ -210,17 +197,11 @@ def _run_vllm_demo(port: int, host: str, replicas_per_tier: int) -> int:
 
     from engines.vllm import prepare
     from engines.vllm.launcher import VllmReplica, start_replica, stop_replicas
-    from gateway.cli import run_server
 
     replicas: list[VllmReplica] = []
-    atexit.register(stop_replicas, replicas)
-
-    def _terminate(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _terminate)
     run_dir = Path(tempfile.mkdtemp(prefix="speedgate-vllm-demo-"))
-    try:
+
+    def start() -> dict[str, list[str]]:
         python, model = prepare()
         urls: dict[str, list[str]] = {"standard": [], "fast": []}
         for tier in ("standard", "fast"):
@@ -233,6 +214,26 @@ def _run_vllm_demo(port: int, host: str, replicas_per_tier: int) -> int:
               file=sys.stderr, flush=True)
         for r in replicas:
             r.wait_healthy()
+        return urls
+
+    return _serve_demo(start, lambda: stop_replicas(replicas), host, port)
+
+
+def _serve_demo(
+    start: Callable[[], dict[str, list[str]]], stop: Callable[[], None], host: str, port: int
+) -> int:
+    """Start the engines (``start`` returns their URLs per tier), serve the gateway in front
+    of them until Ctrl-C or SIGTERM, and always ``stop`` the engines (also at exit)."""
+    from gateway.cli import run_server
+
+    atexit.register(stop)
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        urls = start()
         print(_banner(host, port, urls["standard"], urls["fast"]), flush=True)
         run_server(demo_config(urls["standard"], urls["fast"], host, port))
     except KeyboardInterrupt:
@@ -241,5 +242,5 @@ def _run_vllm_demo(port: int, host: str, replicas_per_tier: int) -> int:
         print(f"speedgate demo: {e}", file=sys.stderr)
         return 1
     finally:
-        stop_replicas(replicas)
+        stop()
     return 0

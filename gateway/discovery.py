@@ -29,6 +29,8 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal
 
+from gateway.tasks import cancel_and_wait
+
 log = logging.getLogger("speedgate.discovery")
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -161,13 +163,8 @@ class DnsDiscovery:
 
     async def stop(self) -> None:
         """Stop the loop and wait for it."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
 
     async def _run(self) -> None:
         while True:

@@ -7,6 +7,7 @@ import logging
 
 from gateway.config import HealthConfig
 from gateway.pools import PoolRegistry, Replica
+from gateway.tasks import cancel_and_wait
 from gateway.upstream import Upstream, UpstreamConnectError
 
 log = logging.getLogger("speedgate.health")
@@ -30,13 +31,8 @@ class HealthChecker:
 
     async def stop(self) -> None:
         """Stop the probe loop."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
 
     async def _run(self) -> None:
         while True:

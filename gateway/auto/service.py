@@ -14,7 +14,6 @@ estimator with what the gateway measured: TTFT, decode time, tokens, and the poo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -32,6 +31,7 @@ from gateway.auto.estimator import Measurement, PoolEstimator, expected_output_t
 from gateway.routing.keys import RouteRequest, sampled_indices
 from gateway.routing.load import replica_load
 from gateway.routing.table import AffinityTable
+from gateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from gateway.access import RequestRecord
@@ -211,11 +211,7 @@ class AutoTier:
 
     async def stop(self) -> None:
         """Cancel the scrapers."""
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
     async def _scrape_loop(self, pool: Pool, upstream: Upstream, interval_s: float) -> None:

@@ -12,13 +12,13 @@ being bound are bounded by active sessions instead (``ledger``). Units: requests
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.pools import PoolRegistry, Replica
+from gateway.tasks import cancel_and_wait
 from gateway.upstream import Upstream, UpstreamConnectError
 
 log = logging.getLogger("speedgate.routing")
@@ -81,11 +81,7 @@ class LoadScraper:
 
     async def stop(self) -> None:
         """Cancel the loops."""
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
     async def _run(self, pool_key: str, interval_s: float) -> None:
