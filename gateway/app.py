@@ -173,7 +173,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         await telemetry.start()
         health.start()
         routing.start()
-        auto.start(upstream)
+        auto.start()
         try:
             yield
         finally:

@@ -211,7 +211,8 @@ class AutoConfig(_Strict):
     its estimate is used (until then: fast while below ``auto_fast_max_inflight_per_replica``).
     ``session_table_entries``/``session_ttl_s``: the session → tier table (LRU + TTL).
     ``acceptance_scrape_interval_s``: how often the fast pool's ``vllm:spec_decode_*`` counters
-    are read (0 = never). ``seed``: the exploration RNG's seed (None = random)."""
+    (scraped with the engine load, ``routing.load_scrape_interval_s``) become the acceptance
+    estimate (0 = never). ``seed``: the exploration RNG's seed (None = random)."""
 
     half_life_s: float = Field(30.0, gt=0)
     explore_share: float = Field(0.05, ge=0, le=1)

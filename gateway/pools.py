@@ -40,6 +40,8 @@ class Replica:
     engine_running: int = 0
     engine_waiting: int = 0
     kv_cache_usage: float = 0.0
+    spec_drafts: float = 0.0  # vllm:spec_decode_num_drafts, cumulative
+    spec_accepted: float = 0.0  # vllm:spec_decode_num_accepted_tokens, cumulative
     engine_load_at: float = 0.0
 
     def __post_init__(self) -> None:

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from gateway.auto.decide import AutoParams, Decision, PoolView, RequestFacts, decide
@@ -38,14 +37,11 @@ if TYPE_CHECKING:
     from gateway.config import AutoConfig, GatewayConfig
     from gateway.pools import Pool, PoolRegistry
     from gateway.tiers import TierRequest
-    from gateway.upstream import Upstream
 
 log = logging.getLogger("speedgate.auto")
 
 #: Characters per token for the prompt estimate (OpenAI: "~4 characters of English text").
 CHARS_PER_TOKEN = 4.0
-SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 
 
 @dataclass(slots=True)
@@ -200,38 +196,32 @@ class AutoTier:
         est.observe(m, now)
 
     # -- speculative decoding counters -----------------------------------------------------
-    def start(self, upstream: Upstream) -> None:
-        """Scrape the fast pools' spec-decode counters every ``acceptance_scrape_interval_s``
-        (call from the running loop)."""
+    def start(self) -> None:
+        """Every ``acceptance_scrape_interval_s``, turn the fast pools' spec-decode counters
+        (read by the routing load scraper, ``gateway.routing.load``: no second scrape of the
+        engines) into tokens per step (call from the running loop)."""
         loop = asyncio.get_running_loop()
         for pool in self.pools.all():
             interval = self.models[pool.model].acceptance_scrape_interval_s
             if pool.tier == "fast" and interval > 0:
-                self._tasks.append(loop.create_task(self._scrape_loop(pool, upstream, interval)))
+                self._tasks.append(loop.create_task(self._acceptance_loop(pool, interval)))
 
     async def stop(self) -> None:
-        """Cancel the scrapers."""
+        """Cancel the loops."""
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
 
-    async def _scrape_loop(self, pool: Pool, upstream: Upstream, interval_s: float) -> None:
+    async def _acceptance_loop(self, pool: Pool, interval_s: float) -> None:
         while True:
-            await self.scrape_acceptance(pool, upstream)
+            self.update_acceptance(pool)
             await asyncio.sleep(interval_s)
 
-    async def scrape_acceptance(self, pool: Pool, upstream: Upstream) -> None:
-        """One scrape of every replica of ``pool``: tokens per step over the interval,
-        ``1 + Δaccepted / Δdrafts`` summed over replicas, into the pool's estimator."""
+    def update_acceptance(self, pool: Pool) -> None:
+        """Tokens per step over the last interval, ``1 + Δaccepted / Δdrafts`` summed over the
+        pool's replicas (from their scraped counters), into the pool's estimator."""
         drafts = accepted = 0.0
         for r in list(pool.replicas):
-            try:
-                status, body = await upstream.get(r.url + "/metrics", 1.0)
-                if status != 200:
-                    continue
-                d, a = parse_spec_counters(body.decode("utf-8", "replace"))
-            except Exception as e:  # connect errors, bad text: skip this replica this time
-                log.debug("spec-decode scrape of %s failed: %r", r.safe_url, e)
-                continue
+            d, a = r.spec_drafts, r.spec_accepted
             prev = self._spec_prev.get(r.url)
             self._spec_prev[r.url] = (d, a)
             if prev is not None and d >= prev[0] and a >= prev[1]:
@@ -244,22 +234,6 @@ class AutoTier:
     def collector(self) -> Collector:
         """Prometheus collector of decisions and estimated vs measured speed per pool."""
         return _AutoCollector(self)
-
-
-def parse_spec_counters(text: str) -> tuple[float, float]:
-    """``(drafts, accepted tokens)`` summed over samples of vLLM's spec-decode counters in a
-    Prometheus text exposition (``vllm:spec_decode_num_drafts``,
-    ``vllm:spec_decode_num_accepted_tokens``; 0 when absent)."""
-    drafts = accepted = 0.0
-    for fam in text_string_to_metric_families(text):
-        if not fam.name.startswith("vllm:spec_decode_"):
-            continue
-        for s in fam.samples:
-            if s.name == SPEC_DRAFTS + "_total":
-                drafts += s.value
-            elif s.name == SPEC_ACCEPTED + "_total":
-                accepted += s.value
-    return drafts, accepted
 
 
 async def _cached_tokens(pool: Pool, route: RouteRequest) -> float:

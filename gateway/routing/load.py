@@ -26,23 +26,30 @@ log = logging.getLogger("speedgate.routing")
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
-_WANTED = (RUNNING, WAITING, KV_USAGE)
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts"  # counters (samples end in _total)
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+# sample name -> value name (counter samples carry _total; matched by sample, so an exposition
+# without # TYPE lines parses too)
+_SAMPLES = {RUNNING: RUNNING, WAITING: WAITING, KV_USAGE: KV_USAGE,
+            SPEC_DRAFTS + "_total": SPEC_DRAFTS, SPEC_ACCEPTED + "_total": SPEC_ACCEPTED}
 
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
-    """Sum of the samples of running, waiting and KV usage (max for usage) in a Prometheus
-    text exposition; metrics that are missing are absent from the result."""
+    """Sum of the samples of running, waiting, KV usage (max for usage) and the speculative
+    decoding counters (drafts, accepted tokens) in a Prometheus text exposition; metrics that
+    are missing are absent from the result."""
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
-        if fam.name not in _WANTED:
+        if not fam.name.startswith("vllm:"):
             continue
         for s in fam.samples:
-            if s.name != fam.name:
+            name = _SAMPLES.get(s.name)
+            if name is None:
                 continue
-            if fam.name == KV_USAGE:
+            if name == KV_USAGE:
                 out[KV_USAGE] = max(out.get(KV_USAGE, 0.0), s.value)
             else:
-                out[fam.name] = out.get(fam.name, 0.0) + s.value
+                out[name] = out.get(name, 0.0) + s.value
     return out
 
 
@@ -51,6 +58,8 @@ def apply_engine_metrics(replica: Replica, values: dict[str, float], now: float)
     replica.engine_running = int(values.get(RUNNING, 0))
     replica.engine_waiting = int(values.get(WAITING, 0))
     replica.kv_cache_usage = float(values.get(KV_USAGE, 0.0))
+    replica.spec_drafts = values.get(SPEC_DRAFTS, 0.0)
+    replica.spec_accepted = values.get(SPEC_ACCEPTED, 0.0)
     replica.engine_load_at = now
 
 

@@ -23,7 +23,6 @@ from gateway.auto.service import (
     block_end_chars,
     choose_auto,
     max_tokens_of,
-    parse_spec_counters,
 )
 from gateway.config import load_config
 from gateway.metrics import GapTimer
@@ -337,12 +336,15 @@ def test_block_end_chars_matches_block_chain():
     assert ends == sorted(ends)
 
 
-def test_parse_spec_counters():
+def test_spec_counters_come_from_the_one_engine_scrape():
+    from gateway.routing.load import SPEC_ACCEPTED, SPEC_DRAFTS, parse_engine_metrics
+
     text = (
         "# TYPE vllm:spec_decode_num_drafts counter\n"
         'vllm:spec_decode_num_drafts_total{engine="0"} 100\n'
         "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
         'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 177\n'
     )
-    assert parse_spec_counters(text) == (100.0, 177.0)
-    assert parse_spec_counters("") == (0.0, 0.0)
+    values = parse_engine_metrics(text)
+    assert (values[SPEC_DRAFTS], values[SPEC_ACCEPTED]) == (100.0, 177.0)
+    assert SPEC_DRAFTS not in parse_engine_metrics("")
