@@ -29,7 +29,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal
 
-from gateway.tasks import cancel_and_wait
+from gateway.tasks import cancel_and_wait, every
 
 log = logging.getLogger("speedgate.discovery")
 
@@ -159,14 +159,12 @@ class DnsDiscovery:
     def start(self) -> None:
         """Start the re-resolve loop in the running event loop (idempotent)."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = asyncio.get_running_loop().create_task(
+                every(self.interval_s, self.resolve_once)
+            )
 
     async def stop(self) -> None:
         """Stop the loop and wait for it."""
         await cancel_and_wait([self._task])
         self._task = None
 
-    async def _run(self) -> None:
-        while True:
-            await self.resolve_once()
-            await asyncio.sleep(self.interval_s)

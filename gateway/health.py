@@ -7,7 +7,7 @@ import logging
 
 from gateway.config import HealthConfig
 from gateway.pools import PoolRegistry, Replica
-from gateway.tasks import cancel_and_wait
+from gateway.tasks import cancel_and_wait, every
 from gateway.upstream import Upstream, UpstreamConnectError
 
 log = logging.getLogger("speedgate.health")
@@ -27,17 +27,14 @@ class HealthChecker:
     def start(self) -> None:
         """Start the probe loop (no-op when disabled)."""
         if self.config.enabled and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task = asyncio.get_running_loop().create_task(
+                every(self.config.interval_s, self.probe_all)
+            )
 
     async def stop(self) -> None:
         """Stop the probe loop."""
         await cancel_and_wait([self._task])
         self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await self.probe_all()
-            await asyncio.sleep(self.config.interval_s)
 
     async def probe_all(self) -> None:
         """Probe every replica once, concurrently, and update its state."""

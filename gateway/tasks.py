@@ -1,10 +1,18 @@
-"""Background tasks of the gateway (probes, scrapers, discovery): one way to stop them."""
+"""Background tasks of the gateway (probes, scrapers, discovery): one loop, one way to stop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+
+
+async def every(interval_s: float, step: Callable[[], Awaitable[object]]) -> None:
+    """Run ``step`` now and then every ``interval_s`` seconds after it returns, until
+    cancelled (the loop of a background task)."""
+    while True:
+        await step()
+        await asyncio.sleep(interval_s)
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[None] | None]) -> None:
