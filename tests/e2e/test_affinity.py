@@ -63,7 +63,7 @@ def _turn(url: str, doc: dict, session: str | None) -> str:
 
 
 @pytest.mark.parametrize("with_header", [True, False])
-def test_four_turns_alternating_gateways_land_on_one_replica(env, with_header):
+def test_affinity_across_replicas(env, with_header):
     stack, second, _ = env
     task = uuid.uuid4().hex
     session = f"s-{task}" if with_header else None
@@ -72,7 +72,7 @@ def test_four_turns_alternating_gateways_land_on_one_replica(env, with_header):
     assert len(set(got)) == 1, got
 
 
-def test_bound_replica_unhealthy_rebinds_on_both_gateways(env):
+def test_affinity_across_replicas_rebinds_when_unhealthy(env):
     stack, second, _ = env
     task = uuid.uuid4().hex
     first = _turn(stack.base_url, _doc(task, 0), None)
