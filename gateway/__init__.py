@@ -4,9 +4,16 @@ Public surface: ``create_app`` (the ASGI app), ``load_config`` / ``GatewayConfig
 schema) and the ``speedgate`` command (``gateway.cli``).
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from gateway.config import ConfigError, GatewayConfig, load_config
 
-__all__ = ["ConfigError", "GatewayConfig", "create_app", "load_config"]
+try:
+    __version__ = version("speedgate")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["ConfigError", "GatewayConfig", "__version__", "create_app", "load_config"]
 
 
 def create_app(config: GatewayConfig):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import yaml
 
+from gateway import __version__
 from gateway.config import ConfigError, GatewayConfig, load_config
 from gateway.urls import redact_url
 
@@ -25,23 +27,70 @@ def _configure_logging(level: str) -> None:
     )
 
 
-def run_server(config: GatewayConfig, config_path: str | None = None) -> None:
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (0: a port the kernel picks; read it back
+    with ``getsockname()``), IPv6 when ``host`` has a colon. Raises ``OSError`` when the
+    address is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def startup_summary(config: GatewayConfig, port: int) -> str:
+    """One line per model naming its tiers and replica counts, after the listening address:
+    what ``serve`` prints at startup (endpoint credentials redacted)."""
+    srv = config.server
+    lines = [f"speedgate {__version__}: listening on http://{srv.host}:{port} "
+             f"({srv.workers} worker{'s' if srv.workers > 1 else ''})"]
+    for name, model in config.models.items():
+        pools = ", ".join(
+            f"{tier}: DNS {pool.discovery.host}:{pool.discovery.port}" if pool.discovery
+            else f"{tier}: {len(pool.endpoints)} replica{'s' if len(pool.endpoints) != 1 else ''}"
+            for tier, pool in model.tiers.items()
+        )
+        lines.append(f"  model {name} (default tier {model.default_tier}): {pools}")
+    return "\n".join(lines)
+
+
+def run_server(
+    config: GatewayConfig,
+    config_path: str | None = None,
+    port_file: str | None = None,
+    on_listen: Callable[[int], None] | None = None,
+) -> None:
     """Serve ``config`` with uvicorn (uvloop + httptools) until SIGINT/SIGTERM.
 
-    With ``server.workers > 1`` each worker process loads ``config_path`` itself (uvicorn needs
-    an import string to fork workers), so a config given only as overrides needs one worker.
+    The listening socket is bound here (``server.port`` 0: a port the kernel picks), its port
+    written to ``port_file`` when given (``engines.procs.write_port_file``: how tests and
+    benchmarks find a gateway without choosing a port beforehand) and printed in the startup
+    summary. With ``server.workers > 1`` each worker process loads ``config_path`` itself
+    (uvicorn needs an import string to fork workers) and shares the socket, so a config given
+    only as overrides needs one worker. ``on_listen(port)`` runs once the socket is bound.
+    Raises ``OSError`` when the address is taken.
     """
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
+    from engines.procs import write_port_file
     from gateway.access import configure_access_log
     from gateway.app import create_app
 
     srv = config.server
     _configure_logging(srv.log_level)
     configure_access_log(config.telemetry.access_log_format)
+    sock = bind_listener(srv.host, srv.port)
+    port = int(sock.getsockname()[1])
+    print(startup_summary(config, port), file=sys.stderr, flush=True)
     common = dict(
         host=srv.host,
-        port=srv.port,
+        port=port,
         loop="uvloop",
         http="httptools",
         log_level=srv.log_level,
@@ -50,11 +99,21 @@ def run_server(config: GatewayConfig, config_path: str | None = None) -> None:
         timeout_graceful_shutdown=srv.graceful_shutdown_s,
         log_config=None,
     )
-    if srv.workers > 1 and config_path is not None:
-        os.environ["SPEEDGATE_CONFIG"] = os.path.abspath(config_path)
-        uvicorn.run("gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common)
-    else:
-        uvicorn.run(create_app(config), **common)
+    if port_file:
+        write_port_file(port_file, port)
+    if on_listen is not None:
+        on_listen(port)
+    try:
+        if srv.workers > 1 and config_path is not None:
+            os.environ["SPEEDGATE_CONFIG"] = os.path.abspath(config_path)
+            ucfg = uvicorn.Config(
+                "gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common
+            )
+            Multiprocess(ucfg, sockets=[sock]).run()
+        else:
+            uvicorn.Server(uvicorn.Config(create_app(config), **common)).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -77,7 +136,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"speedgate: {e}", file=sys.stderr)
         return 2
-    run_server(config, args.config)
+    try:
+        run_server(config, args.config, port_file=args.port_file)
+    except OSError as e:
+        print(f"speedgate: cannot listen on {config.server.host}:{config.server.port}: {e}",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -130,6 +194,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         replicas_per_tier=args.replicas or (1 if args.engine == "vllm" else 2),
         time_scale=args.time_scale,
         engine=args.engine,
+        port_file=args.port_file,
     )
 
 
@@ -140,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenAI-compatible inference gateway with speed tiers "
         "(standard and speculative-decoding engine pools).",
     )
+    p.add_argument("--version", action="version", version=f"speedgate {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser(
@@ -152,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", "-c", required=True, help=f"YAML config file (see {EXAMPLE})")
     s.add_argument("--host", help="address to listen on (overrides server.host)")
     s.add_argument("--port", type=int, help="TCP port to listen on (overrides server.port)")
+    s.add_argument("--port-file", metavar="PATH",
+                   help="write the bound port to PATH once listening (with --port 0: the "
+                   "kernel picks a free port; how tests and scripts find the gateway)")
     s.add_argument("--workers", type=int, help="uvicorn worker processes (server.workers)")
     s.add_argument(
         "--log-level",
@@ -197,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
         "stop everything on Ctrl-C or SIGTERM. In-memory state, no auth.",
     )
     d.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    d.add_argument("--port-file", metavar="PATH",
+                   help="write the gateway's bound port to PATH once listening (with --port 0)")
     d.add_argument("--host", default="127.0.0.1", help="gateway address (default 127.0.0.1)")
     d.add_argument(
         "--replicas", type=int, help="engine replicas per tier (default 2; 1 with vllm)"

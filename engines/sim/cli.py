@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--host", default=c.host)
     a("--port", type=int, default=c.port, help="0 picks a free port (printed on the ready line)")
+    a("--port-file", default=None,
+      help="write the bound port to this file once listening (use with --port 0)")
     a("--model", "--served-model-name", dest="model", default=c.model, help="served model name")
     a("--max-model-len", type=int, default=c.max_model_len, help="tokens (prompt + output)")
     a("--max-num-seqs", type=int, default=c.max_num_seqs, help="running sequences per step")
@@ -81,7 +83,8 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         acceptance_rate=ns.acceptance_rate,
     )
     return SimConfig(
-        host=ns.host, port=ns.port, model=ns.model, max_model_len=ns.max_model_len,
+        host=ns.host, port=ns.port, port_file=ns.port_file, model=ns.model,
+        max_model_len=ns.max_model_len,
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
         block_size=ns.block_size, num_gpu_blocks=ns.num_gpu_blocks,
         output_tokens=ns.output_tokens, time_scale=ns.time_scale, seed=ns.seed,

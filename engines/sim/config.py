@@ -30,6 +30,7 @@ class SimConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    port_file: str | None = None  # where to write the bound port (engines.procs)
     model: str = "sim-model"
     max_model_len: int = 32768
     max_num_seqs: int = 256

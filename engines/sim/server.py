@@ -22,6 +22,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from engines.procs import write_port_file
 from engines.sim import protocol as P
 from engines.sim.completions import chat_completions, completions, error_response
 from engines.sim.config import SimConfig
@@ -158,6 +159,8 @@ async def serve(config: SimConfig, stop: asyncio.Event | None = None) -> None:
         if isinstance(addr, tuple):
             port = addr[1]
             break
+    if config.port_file:
+        write_port_file(config.port_file, port)
     print(READY_LINE.format(port=port), flush=True)
     stop = stop or asyncio.Event()
     with contextlib.suppress(NotImplementedError, RuntimeError):

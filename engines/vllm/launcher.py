@@ -25,13 +25,15 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.demo import die_with_parent
+from engines.procs import die_with_parent, free_port
 
 TIERS = ("standard", "fast")
 CPU_BLOCK_SIZE = 128
+MAX_PORT_RETRIES = 3  # fresh ports tried when the picked one was taken before vLLM bound it
 NGRAM_SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
 BASE_FLAGS: tuple[str, ...] = (
     "--dtype", "bfloat16",
@@ -96,6 +98,10 @@ class VllmReplica:
     log_path: Path
     run_dir: Path
     started: float = field(default_factory=time.monotonic)
+    # set when the port was picked here (``start_replica(port=None)``): how to start again on a
+    # fresh port when another process took it between the pick and vLLM's bind
+    relaunch: Callable[[int], tuple[subprocess.Popen, str]] | None = None
+    port_retries: int = 0
 
     def log(self, tail: int = 6000) -> str:
         """The last ``tail`` characters of the server's output."""
@@ -109,6 +115,10 @@ class VllmReplica:
         ``RuntimeError`` with the log's tail when the server exits or the timeout passes."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None and self._port_was_taken():
+                self.port_retries += 1
+                self.proc, self.url = self.relaunch(free_port())  # type: ignore[misc]
+                continue
             if self.proc.poll() is not None:
                 raise RuntimeError(
                     f"vLLM {self.tier} replica exited ({self.proc.returncode}):\n{self.log()}"
@@ -123,6 +133,15 @@ class VllmReplica:
         raise RuntimeError(f"vLLM {self.tier} replica not healthy after {timeout_s:.0f}s:\n"
                            f"{self.log()}")
 
+    def _port_was_taken(self) -> bool:
+        """True when the server exited because its port was bound by someone else and it may
+        be started again on another (at most ``MAX_PORT_RETRIES`` times)."""
+        return (
+            self.relaunch is not None
+            and self.port_retries < MAX_PORT_RETRIES
+            and "address already in use" in self.log().lower()
+        )
+
     def stop(self, grace_s: float = 10) -> None:
         """SIGTERM the replica's process group; SIGKILL after ``grace_s``; remove its temp."""
         stop_replicas([self], grace_s)
@@ -130,7 +149,7 @@ class VllmReplica:
 
 def start_replica(
     tier: str,
-    port: int,
+    port: int | None,
     run_dir: Path,
     *,
     python: Path,
@@ -140,24 +159,35 @@ def start_replica(
     extra_args: tuple[str, ...] = (),
 ) -> VllmReplica:
     """Start a vLLM server for ``tier`` on ``port`` (returns at once; then ``wait_healthy``).
-    ``run_dir`` gets the log (``vllm.log``) and the private temp and cache folders."""
+    ``run_dir`` gets the log (``vllm.log``) and the private temp and cache folders.
+
+    ``port=None`` picks a free port here; vLLM cannot bind port 0 and report it, so when the
+    port is taken before vLLM binds it (``address already in use``), ``wait_healthy`` starts
+    the server again on a fresh port and ``url`` changes: read it after ``wait_healthy``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "vllm.log"
-    cmd = [str(python), *serve_args(tier, port, model_path, served_model_name, host), *extra_args]
-    with log_path.open("wb") as log:
-        log.write(("$ " + " ".join(cmd) + "\n").encode())
-        log.flush()
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=replica_env(run_dir),
-            cwd=run_dir,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-    return VllmReplica(tier, f"http://{host}:{port}", proc, log_path, run_dir)
+
+    def launch(p: int) -> tuple[subprocess.Popen, str]:
+        cmd = [str(python), *serve_args(tier, p, model_path, served_model_name, host),
+               *extra_args]
+        with log_path.open("wb") as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=replica_env(run_dir),
+                cwd=run_dir,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
+        return proc, f"http://{host}:{p}"
+
+    proc, url = launch(free_port(host) if port is None else port)
+    return VllmReplica(tier, url, proc, log_path, run_dir,
+                       relaunch=launch if port is None else None)
 
 
 def stop_replicas(replicas: list[VllmReplica], grace_s: float = 10) -> None:

@@ -5,9 +5,22 @@ The model is built, not fetched: a byte-level BPE tokenizer (``VOCAB_SIZE`` toke
 ``tokenizers`` on a fixed list of the Python standard library's sources, wrapped as a
 ``transformers`` fast tokenizer with a chat template, and a ``LlamaForCausalLM`` (2 layers,
 hidden 128, 4 heads) with seeded random weights; both ``save_pretrained`` into one folder
-(about 3 MB, a few seconds). Its output is gibberish, but every engine code path the gateway
-relies on (tokenization, chat template, prefill, decode, prefix cache, speculative decoding,
-usage, metrics) runs for real.
+(about 3 MB, a few seconds). Every engine code path the gateway relies on (tokenization, chat
+template, prefill, decode, prefix cache, speculative decoding, usage, metrics) runs for real.
+
+**Scripted output, the same on every CPU.** Random weights make greedy output depend on the
+CPU's floating-point numerics (a test once saw ngram speculation propose drafts on one machine
+and none on another). So the weights are then *scripted*: each layer's output projections
+(attention ``o_proj``, MLP ``down_proj``) are zeroed, so the residual stream is the token
+embedding itself; each token's embedding carries a large value (``SIGNAL``) in one "slot"
+dimension, and the LM head maps slot ``i`` to the next token of ``CYCLE_TEXT`` (any token outside
+the cycle maps to its first token). The model therefore answers every prompt with the cycle's
+tokens, the end-of-sequence token last (so a request without ``ignore_eos`` stops after one
+cycle, and with it the cycle repeats), with a logit margin of about ``LM_GAIN * sqrt(HIDDEN)``
+(~45) over every other token: no rounding on any hardware, in bf16 or fp32, changes the argmax,
+and sampling at temperature 1 picks the same tokens (probability of another token < 1e-15).
+Repeated n-grams in the output are what ngram prompt lookup proposes as drafts, so the fast
+tier's spec-decode counters move on every machine.
 
 Two halves:
 
@@ -38,6 +51,10 @@ LAYERS = 2
 HEADS = 4
 MAX_POSITIONS = 4096
 SEED = 0
+# The scripted answer (see the module docstring): distinct tokens, end-of-sequence appended.
+CYCLE_TEXT = " speedgate tiny model answers from the fast lane"
+SIGNAL = 16.0  # embedding value in a token's slot dimension (noise elsewhere: ~0.02 * 0.01)
+LM_GAIN = 4.0  # LM-head weight from slot i to its next token: logit ~ LM_GAIN * sqrt(HIDDEN)
 # Standard-library sources the tokenizer is trained on (present in every CPython >= 3.11).
 CORPUS_MODULES = (
     "argparse", "asyncio/base_events", "collections/__init__", "dataclasses", "difflib",
@@ -153,9 +170,47 @@ def build(out: Path) -> None:
     )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
+    script_output(model, cycle_tokens(tok))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
+
+
+def cycle_tokens(tok: object) -> list[int]:
+    """Token ids of ``CYCLE_TEXT`` (``tok``: a ``tokenizers.Tokenizer``), duplicates dropped,
+    then the end-of-sequence id: the sequence the scripted model repeats."""
+    ids: list[int] = []
+    for t in tok.encode(CYCLE_TEXT).ids:  # type: ignore[attr-defined]
+        if t not in ids:
+            ids.append(t)
+    eos = tok.token_to_id("</s>")  # type: ignore[attr-defined]
+    return [*(t for t in ids if t != eos), eos]
+
+
+def script_output(model: object, cycle: list[int]) -> None:
+    """Rewrite ``model``'s weights in place so that greedy (and temperature-1) decoding emits
+    ``cycle`` over and over, independently of the CPU's numerics (module docstring). Needs
+    ``len(cycle) + 1 <= HIDDEN`` slot dimensions; raises ``ValueError`` otherwise."""
+    import torch
+
+    n = len(cycle)
+    if n + 1 > HIDDEN:
+        raise ValueError(f"cycle of {n} tokens needs more than {HIDDEN} hidden dimensions")
+    other = n  # the slot of every token outside the cycle
+    with torch.no_grad():
+        for layer in model.model.layers:  # type: ignore[attr-defined]
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = model.model.embed_tokens.weight  # type: ignore[attr-defined]  # (vocab, hidden)
+        head = model.lm_head.weight  # type: ignore[attr-defined]  # (vocab, hidden)
+        emb.mul_(0.01)
+        head.mul_(0.01)
+        emb[:, other] += SIGNAL
+        for i, t in enumerate(cycle):
+            emb[t, other] -= SIGNAL
+            emb[t, i] += SIGNAL
+            head[cycle[(i + 1) % n], i] += LM_GAIN
+        head[cycle[0], other] += LM_GAIN
 
 
 if __name__ == "__main__":

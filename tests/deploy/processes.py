@@ -8,9 +8,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gateway.demo import die_with_parent, stop_processes
+from engines.procs import die_with_parent, stop_processes, wait_port_file
 
-__all__ = ["start", "stop_processes", "wait_http"]
+__all__ = ["start", "start_on_port0", "stop_processes", "wait_http"]
 
 
 def start(argv: list[str], log: Path, env: dict[str, str] | None = None,
@@ -39,3 +39,20 @@ def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 30
         except OSError:
             time.sleep(0.1)
     raise AssertionError(f"{url} not up after {timeout_s}s:\n{log.read_text()}")
+
+
+def start_on_port0(argv: list[str], log: Path, env: dict[str, str] | None = None,
+                   cwd: Path | None = None, timeout_s: float = 30) -> tuple[subprocess.Popen, int]:
+    """Start a server whose ``argv`` has ``--port N`` (the simulator, ``speedgate serve``) on
+    port 0 instead, with ``--port-file``; return the process and the port it bound. Fails with
+    the process log when it exits or reports no port in ``timeout_s`` seconds."""
+    argv = list(argv)
+    argv[argv.index("--port") + 1] = "0"
+    port_file = log.with_suffix(".port")
+    port_file.unlink(missing_ok=True)
+    proc = start([*argv, "--port-file", str(port_file)], log, env=env, cwd=cwd)
+    try:
+        return proc, wait_port_file(port_file, proc, timeout_s)
+    except RuntimeError as e:
+        stop_processes([proc])
+        raise AssertionError(f"{e}:\n{log.read_text()}") from None

@@ -3,8 +3,9 @@
 Each engine service runs exactly its compose argv (image entrypoint + command); the gateway runs
 the Dockerfile's ENTRYPOINT with the service's command and environment, on the config file the
 service mounts. Two things differ, because the services share this host instead of a network:
-every listening port is replaced by a free one, and every service name in the gateway config by
-127.0.0.1 (the port map keeps each endpoint pointing at its own service). Redis is not started:
+every listening port is replaced by port 0 (each server reports the port it bound), and every
+service name in the gateway config by 127.0.0.1 (the port map keeps each endpoint pointing at
+its own service). Redis is not started:
 nothing in the gateway talks to it yet.
 """
 
@@ -21,10 +22,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.demo import free_port
 from tests.deploy import composefile as cf
 from tests.deploy import dockerfile as df
-from tests.deploy.processes import start, stop_processes, wait_http
+from tests.deploy.processes import start_on_port0, stop_processes, wait_http
 from tests.deploy.tools import BIN, DEPLOY
 
 CONFIG_IN_CONTAINER = "/etc/speedgate/speedgate.yaml"
@@ -66,20 +66,19 @@ class CpuStack:
         gw = self.services[gateway_name]
         try:
             for name, svc in engines.items():
-                self.ports[name] = free_port()
                 argv = [_exe(svc["entrypoint"][0]), *svc["entrypoint"][1:], *svc["command"]]
                 log = self.tmp / f"{name}.log"
-                self.procs.append(start(_retarget(argv, self.ports[name]), log))
+                proc, self.ports[name] = start_on_port0(_retarget(argv, 0), log)
+                self.procs.append(proc)
             for (name, proc) in zip(engines, self.procs, strict=True):
                 url = f"http://127.0.0.1:{self.ports[name]}/health"
                 wait_http(url, proc, self.tmp / f"{name}.log")
 
             config = self._local_config(gw)
-            port = free_port()
             argv = [_exe(entrypoint[0]), *entrypoint[1:], *gw["command"]]
             env = {k: str(v) for k, v in (gw.get("environment") or {}).items()}
             log = self.tmp / "gateway.log"
-            proc = start(_retarget(argv, port, config), log, env=env)
+            proc, port = start_on_port0(_retarget(argv, 0, config), log, env=env)
             self.procs.append(proc)
             self.gateway_url = f"http://127.0.0.1:{port}"
             wait_http(self.gateway_url + "/readyz", proc, log)

@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from gateway.demo import free_port
-from tests.deploy.processes import start, stop_processes, wait_http
+from engines.procs import free_port
+from tests.deploy.processes import start_on_port0, stop_processes, wait_http
 from tests.deploy.tools import BIN, PROFILES, venv_tool
 from tests.deploy.vllm_flags import SERVE_FLAGS, SPECULATIVE_KEYS, SPECULATIVE_METHODS
 
@@ -120,13 +120,6 @@ def fake_vllm(tmp_path: Path) -> Path:
 def test_local_pool_start_serve_stop(tmp_path: Path, fake_vllm: Path) -> None:
     run_dir, record = tmp_path / "pool", tmp_path / "record"
     record.mkdir()
-    std_port, fast_port = free_port(), free_port()
-    env = {
-        **os.environ, "MODEL": "org/model", "SERVED_MODEL_NAME": "mymodel", "TP": "2",
-        "GPUS": "0,1,2,3", "STANDARD_PORT": str(std_port), "FAST_PORT": str(fast_port),
-        "RUN_DIR": str(run_dir), "VLLM_BIN": str(fake_vllm), "FAKE_VLLM_RECORD": str(record),
-        "HEALTH_TIMEOUT_S": "60",
-    }
 
     def pool(cmd: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", str(POOL), cmd], env=env, capture_output=True,
@@ -134,7 +127,23 @@ def test_local_pool_start_serve_stop(tmp_path: Path, fake_vllm: Path) -> None:
 
     procs = []
     try:
-        r = pool("start")
+        # The pool script serves on the ports it is given (as in production: vLLM cannot bind
+        # port 0 and report it), so a port picked free here can be taken before the replica
+        # binds it: then start again on fresh ports.
+        for attempt in range(3):
+            std_port, fast_port = free_port(), free_port()
+            env = {
+                **os.environ, "MODEL": "org/model", "SERVED_MODEL_NAME": "mymodel", "TP": "2",
+                "GPUS": "0,1,2,3", "STANDARD_PORT": str(std_port), "FAST_PORT": str(fast_port),
+                "RUN_DIR": str(run_dir), "VLLM_BIN": str(fake_vllm),
+                "FAKE_VLLM_RECORD": str(record), "HEALTH_TIMEOUT_S": "60",
+            }
+            r = pool("start")
+            if r.returncode == 0:
+                break
+            logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("*.log"))
+            pool("stop")
+            assert attempt < 2 and "address already in use" in logs.lower(), r.stdout + r.stderr
         assert r.returncode == 0, r.stdout + r.stderr
         pids = [int(p.read_text()) for p in run_dir.glob("*.pid")]
         assert len(pids) == 2
@@ -156,9 +165,10 @@ def test_local_pool_start_serve_stop(tmp_path: Path, fake_vllm: Path) -> None:
         urls = {t: [u.rstrip("/") for u in pool["endpoints"]] for t, pool in tiers.items()}
         assert urls == {"standard": [f"http://127.0.0.1:{std_port}"],
                         "fast": [f"http://127.0.0.1:{fast_port}"]}
-        gw_port, log = free_port(), tmp_path / "gw.log"
-        procs.append(start([str(BIN / "speedgate"), "serve", "-c", str(config),
-                            "--port", str(gw_port)], log))
+        log = tmp_path / "gw.log"
+        gw, gw_port = start_on_port0([str(BIN / "speedgate"), "serve", "-c", str(config),
+                                      "--port", "0"], log)
+        procs.append(gw)
         base = f"http://127.0.0.1:{gw_port}"
         wait_http(base + "/readyz", procs[0], log)
         r2 = httpx.post(base + "/v1/chat/completions", timeout=30, json={

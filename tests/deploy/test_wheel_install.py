@@ -18,9 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from gateway.demo import free_port
 from tests.deploy import dockerfile as df
-from tests.deploy.processes import start, stop_processes, wait_http
+from tests.deploy.processes import start_on_port0, stop_processes, wait_http
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,23 +68,24 @@ def test_speedgate_help(runtime: Path, tmp_path: Path) -> None:
 
 
 def test_installed_gateway_serves_a_request(runtime: Path, tmp_path: Path) -> None:
-    sim_port, gw_port = free_port(), free_port()
-    config = {
-        "models": {"m": {"tiers": {"standard": {
-            "served_model_name": "m", "endpoints": [f"http://127.0.0.1:{sim_port}"],
-        }}}},
-    }
-    (tmp_path / "gw.yaml").write_text(yaml.safe_dump(config))
-    _run(runtime / "speedgate", "check-config", "gw.yaml", cwd=tmp_path)
     procs = []
     try:
         sim_log, gw_log = tmp_path / "sim.log", tmp_path / "gw.log"
-        procs.append(start([str(runtime / "speedgate-sim"), "--port", str(sim_port),
-                            "--served-model-name", "m", "--time-scale", "0"], sim_log,
-                           cwd=tmp_path))
+        sim, sim_port = start_on_port0([str(runtime / "speedgate-sim"), "--port", "0",
+                                        "--served-model-name", "m", "--time-scale", "0"],
+                                       sim_log, cwd=tmp_path)
+        procs.append(sim)
         wait_http(f"http://127.0.0.1:{sim_port}/health", procs[0], sim_log)
-        procs.append(start([str(runtime / "speedgate"), "serve", "--config", "gw.yaml",
-                            "--host", "127.0.0.1", "--port", str(gw_port)], gw_log, cwd=tmp_path))
+        config = {
+            "models": {"m": {"tiers": {"standard": {
+                "served_model_name": "m", "endpoints": [f"http://127.0.0.1:{sim_port}"],
+            }}}},
+        }
+        (tmp_path / "gw.yaml").write_text(yaml.safe_dump(config))
+        _run(runtime / "speedgate", "check-config", "gw.yaml", cwd=tmp_path)
+        gw, gw_port = start_on_port0([str(runtime / "speedgate"), "serve", "--config", "gw.yaml",
+                                      "--host", "127.0.0.1", "--port", "0"], gw_log, cwd=tmp_path)
+        procs.append(gw)
         base = f"http://127.0.0.1:{gw_port}"
         wait_http(base + "/healthz", procs[1], gw_log)
         r = httpx.post(base + "/v1/chat/completions", timeout=30, json={

@@ -1,8 +1,9 @@
 """A real stack for end-to-end tests: simulator replicas and a gateway, as processes.
 
-``Stack.start()`` launches ``n`` simulators per tier on free ports, writes a gateway config and
-runs ``python -m gateway serve`` on it; ``stop()`` terminates every process group (the children
-also get SIGTERM if the test process dies: ``PR_SET_PDEATHSIG``).
+``Stack.start()`` launches ``n`` simulators per tier on ports they bind themselves (port 0,
+reported back), writes a gateway config and runs ``python -m gateway serve`` on port 0 too;
+``stop()`` terminates every process group (the children also get SIGTERM if the test process
+dies: ``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from gateway.demo import die_with_parent, free_port, start_simulator, stop_processes, wait_healthy
+from engines.procs import spawn_reporting_port, stop_processes
+from engines.sim.spawn import spawn_simulator, start_simulator
 
 MODEL = "mymodel"
 
@@ -52,20 +54,19 @@ class Stack:
     def start(self) -> Stack:
         try:
             seed = 0
+            spawned = []
             for tier, mode in (("standard", "standard"), ("fast", "speculative")):
                 self.sims[tier] = []
                 for _ in range(self.replicas_per_tier):
-                    port = free_port()
-                    p = start_simulator(port, mode, 1.0, seed, self.sim_args)
-                    self.procs.append(p)
-                    self.sims[tier].append(f"http://127.0.0.1:{port}")
-                    self.sim_procs[self.sims[tier][-1]] = p
+                    sim = spawn_simulator(mode, 1.0, seed, self.sim_args)
+                    self.procs.append(sim.proc)
+                    spawned.append((tier, sim))
                     seed += 1
-            for p, url in zip(self.procs, self.sims["standard"] + self.sims["fast"], strict=True):
-                wait_healthy(url, p)
-            port = free_port()
+            for tier, sim in spawned:  # booted in parallel; each reports the port it bound
+                self.sims[tier].append(sim.wait_ready())
+                self.sim_procs[sim.url] = sim.proc
             cfg = {
-                "server": {"port": port, "max_body_bytes": 8 * 1024 * 1024},
+                "server": {"port": 0, "max_body_bytes": 8 * 1024 * 1024},
                 "health": self.health,
                 **self.config_extra,
                 "models": {
@@ -86,36 +87,38 @@ class Stack:
                 },
             }
             self.config = cfg
-            self.gateway, self.base_url = self._spawn_gateway(port, "gateway")
+            self.gateway, self.base_url = self._spawn_gateway("gateway")
             self._wait_gateway()
             return self
         except BaseException:
             self.stop()
             raise
 
-    def _spawn_gateway(self, port: int, name: str) -> tuple[subprocess.Popen, str]:
-        cfg = {**self.config, "server": {**self.config["server"], "port": port}}
+    def _spawn_gateway(self, name: str) -> tuple[subprocess.Popen, str]:
+        """Start ``python -m gateway serve`` on port 0 with the stack's config; it reports the
+        port it bound (``--port-file``). Output goes to ``<tmp>/<name>.log``."""
+        cfg = {**self.config, "server": {**self.config["server"], "port": 0}}
         cfg_path = self.tmp / f"{name}.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         log_path = self.tmp / f"{name}.log"
         if name == "gateway":
             self.log_path = log_path
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "serve", "-c", str(cfg_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+            try:
+                proc, url = spawn_reporting_port(
+                    [sys.executable, "-m", "gateway", "serve", "-c", str(cfg_path)],
+                    stdout=log,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}:\n{log_path.read_text()}") from None
         self.procs.append(proc)
-        return proc, f"http://127.0.0.1:{port}"
+        return proc, url
 
     def add_gateway(self) -> str:
         """Start one more gateway replica with the same config (another port); its URL."""
         n = len(list(self.tmp.glob("gateway*.yaml")))
-        proc, url = self._spawn_gateway(free_port(), f"gateway{n}")
+        proc, url = self._spawn_gateway(f"gateway{n}")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -164,10 +167,11 @@ class Stack:
         old = self.sim_procs[url]
         tier = next(t for t, urls in self.sims.items() if url in urls)
         mode = "standard" if tier == "standard" else "speculative"
-        p = start_simulator(int(url.rsplit(":", 1)[1]), mode, 1.0, 0, self.sim_args)
+        # the same replica comes back at the same address (as a restarted pod behind a stable
+        # name would): the one place a port is reused, right after its owner released it
+        p = start_simulator(mode, 1.0, 0, self.sim_args, port=int(url.rsplit(":", 1)[1])).proc
         self.procs[self.procs.index(old)] = p
         self.sim_procs[url] = p
-        wait_healthy(url, p)
 
     def all_sims(self) -> list[str]:
         return [u for urls in self.sims.values() for u in urls]

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.demo import die_with_parent, free_port
+from engines.procs import die_with_parent, wait_port_file
 
 pytestmark = pytest.mark.e2e
 
@@ -33,17 +33,18 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_demo_serves_and_stops_cleanly(sig: signal.Signals):
-    port = free_port()
+def test_demo_serves_and_stops_cleanly(sig: signal.Signals, tmp_path):
+    port_file = tmp_path / "port"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "demo", "--port", str(port), "--replicas", "1",
-         "--time-scale", "0.01"],
+        [sys.executable, "-m", "gateway", "demo", "--port", "0", "--port-file", str(port_file),
+         "--replicas", "1", "--time-scale", "0.01"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         preexec_fn=die_with_parent,
     )
     try:
+        port = wait_port_file(port_file, proc, timeout_s=60)  # the port the demo bound itself
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -22,9 +22,10 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from engines.procs import spawn_reporting_port, stop_processes
 from engines.vllm import prepare
 from engines.vllm.launcher import VllmReplica, start_replica, stop_replicas
-from gateway.demo import MODEL, demo_config, die_with_parent, free_port, stop_processes
+from gateway.demo import MODEL, demo_config
 
 GHOST = "ghost"  # a gateway model whose served_model_name vLLM does not serve
 
@@ -71,7 +72,7 @@ class VllmStack:
             self.startup_s["prepare"] = time.monotonic() - t0
             for tier in ("standard", "fast"):
                 self.replicas[tier] = start_replica(
-                    tier, free_port(), self.tmp / tier, python=python, model_path=model,
+                    tier, None, self.tmp / tier, python=python, model_path=model,
                     served_model_name=MODEL,
                 )
             for tier, r in self.replicas.items():
@@ -84,8 +85,7 @@ class VllmStack:
             raise
 
     def _start_gateway(self) -> None:
-        port = free_port()
-        cfg = demo_config([self.standard], [self.fast], "127.0.0.1", port).model_dump(mode="json")
+        cfg = demo_config([self.standard], [self.fast], "127.0.0.1", 0).model_dump(mode="json")
         timeouts = {"connect_s": 5, "ttft_s": 60, "stall_s": 30, "total_s": 180}
         for pool in cfg["models"][MODEL]["tiers"].values():
             pool["timeouts"] = timeouts
@@ -97,12 +97,13 @@ class VllmStack:
         path.write_text(yaml.safe_dump(cfg))
         self.gateway_log = self.tmp / "gateway.log"
         with self.gateway_log.open("wb") as log:
-            self.gateway = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "serve", "-c", str(path)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        self.base_url = f"http://127.0.0.1:{port}"
+            try:
+                self.gateway, self.base_url = spawn_reporting_port(
+                    [sys.executable, "-m", "gateway", "serve", "-c", str(path)],
+                    stdout=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}:\n{self.gateway_log.read_text()}") from None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.gateway.poll() is not None:
