@@ -24,32 +24,32 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway import tokencount
-from gateway.admission import Gate
+from gateway.admit.audit import client_addr
+from gateway.admit.auth import PermissionDenied
+from gateway.admit.gate import Gate
+from gateway.admit.hardening import HeadersTooLarge, check_headers
 from gateway.asgi import Scope, send_error
-from gateway.audit import client_addr
-from gateway.auth import PermissionDenied
-from gateway.auto.service import AutoTier
 from gateway.config import GatewayConfig, load_config
-from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError
 from gateway.handler import CompletionsEndpoint
-from gateway.hardening import HeadersTooLarge, check_headers
-from gateway.health import HealthChecker
-from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.pools import PoolRegistry
-from gateway.procstats import ProcessCollector
+from gateway.plan.auto.service import AutoTier
+from gateway.plan.tiers import ModelIndex
+from gateway.routing.pools import PoolRegistry
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
-from gateway.telemetry import Telemetry
-from gateway.tiers import ModelIndex
-from gateway.upstream import Upstream
-from gateway.usage_store import (
+from gateway.telemetry import tokencount
+from gateway.telemetry.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.telemetry.procstats import ProcessCollector
+from gateway.telemetry.tracing import Telemetry
+from gateway.telemetry.usage_store import (
     MemoryUsageStore,
     RedisUsageStore,
     UsageStore,
     UsageStoreUnavailable,
 )
+from gateway.upstream.client import Upstream
+from gateway.upstream.discovery import DnsDiscovery
+from gateway.upstream.health import HealthChecker
 
 _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 

@@ -4,116 +4,17 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import yaml
 
 from gateway import __version__
-from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.urls import redact_url
+from gateway.common.urls import redact_url
+from gateway.config import ConfigError, load_config
+from gateway.server import run_server
 
 EXAMPLE = "deploy/speedgate.example.yaml"
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host``:``port`` (0: a port the kernel picks; read it back
-    with ``getsockname()``), IPv6 when ``host`` has a colon. Raises ``OSError`` when the
-    address is taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def startup_summary(config: GatewayConfig, port: int) -> str:
-    """One line per model naming its tiers and replica counts, after the listening address:
-    what ``serve`` prints at startup (endpoint credentials redacted)."""
-    srv = config.server
-    lines = [f"speedgate {__version__}: listening on http://{srv.host}:{port} "
-             f"({srv.workers} worker{'s' if srv.workers > 1 else ''})"]
-    for name, model in config.models.items():
-        pools = ", ".join(
-            f"{tier}: DNS {pool.discovery.host}:{pool.discovery.port}" if pool.discovery
-            else f"{tier}: {len(pool.endpoints)} replica{'s' if len(pool.endpoints) != 1 else ''}"
-            for tier, pool in model.tiers.items()
-        )
-        lines.append(f"  model {name} (default tier {model.default_tier}): {pools}")
-    return "\n".join(lines)
-
-
-def run_server(
-    config: GatewayConfig,
-    config_path: str | None = None,
-    port_file: str | None = None,
-    on_listen: Callable[[int], None] | None = None,
-) -> None:
-    """Serve ``config`` with uvicorn (uvloop + httptools) until SIGINT/SIGTERM.
-
-    The listening socket is bound here (``server.port`` 0: a port the kernel picks), its port
-    written to ``port_file`` when given (``engines.procs.write_port_file``: how tests and
-    benchmarks find a gateway without choosing a port beforehand) and printed in the startup
-    summary. With ``server.workers > 1`` each worker process loads ``config_path`` itself
-    (uvicorn needs an import string to fork workers) and shares the socket, so a config given
-    only as overrides needs one worker. ``on_listen(port)`` runs once the socket is bound.
-    Raises ``OSError`` when the address is taken.
-    """
-    import uvicorn
-    from uvicorn.supervisors import Multiprocess
-
-    from engines.procs import write_port_file
-    from gateway.access import configure_access_log
-    from gateway.app import create_app
-
-    srv = config.server
-    _configure_logging(srv.log_level)
-    configure_access_log(config.telemetry.access_log_format)
-    sock = bind_listener(srv.host, srv.port)
-    port = int(sock.getsockname()[1])
-    print(startup_summary(config, port), file=sys.stderr, flush=True)
-    common = dict(
-        host=srv.host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level=srv.log_level,
-        access_log=False,  # speedgate writes its own access log line per request
-        timeout_keep_alive=30,
-        timeout_graceful_shutdown=srv.graceful_shutdown_s,
-        log_config=None,
-    )
-    if port_file:
-        write_port_file(port_file, port)
-    if on_listen is not None:
-        on_listen(port)
-    try:
-        if srv.workers > 1 and config_path is not None:
-            os.environ["SPEEDGATE_CONFIG"] = os.path.abspath(config_path)
-            ucfg = uvicorn.Config(
-                "gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common
-            )
-            Multiprocess(ucfg, sockets=[sock]).run()
-        else:
-            uvicorn.Server(uvicorn.Config(create_app(config), **common)).run(sockets=[sock])
-    finally:
-        sock.close()
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -168,7 +69,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
-    from gateway.auth import new_key
+    from gateway.admit.auth import new_key
 
     key, digest = new_key()
     entry = {"id": args.id, "hash": digest, "models": args.models or ["*"],

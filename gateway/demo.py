@@ -16,6 +16,7 @@ from collections.abc import Callable
 from engines.procs import stop_processes, write_port_file
 from engines.sim.spawn import SimProcess, spawn_simulator
 from gateway.config import GatewayConfig
+from gateway.server import run_server
 
 MODEL = "mymodel"
 
@@ -149,7 +150,7 @@ def _serve_demo(
 ) -> int:
     """Start the engines (``start`` returns their URLs per tier), serve the gateway in front
     of them until Ctrl-C or SIGTERM, and always ``stop`` the engines (also at exit)."""
-    from gateway.cli import run_server
+
 
     atexit.register(stop)
 

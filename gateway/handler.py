@@ -13,9 +13,9 @@ import asyncio
 import logging
 from typing import Any, Literal
 
-from gateway.access import RequestRecord
-from gateway.accounting import account
-from gateway.admission import Gate
+from gateway.admit.gate import Gate
+from gateway.admit.hardening import check_json_shape
+from gateway.admit.ratelimit import Reservation
 from gateway.asgi import (
     ClientDisconnected,
     DisconnectWatch,
@@ -25,22 +25,23 @@ from gateway.asgi import (
     send_error,
     send_response,
 )
-from gateway.attempt import OpenedResponse
-from gateway.auto.service import choose_auto
-from gateway.body import ParsedBody, parse_body
+from gateway.common.usage import Usage
 from gateway.config import Prices
-from gateway.cost import cost_usd
-from gateway.deadline import header_timeout_s
 from gateway.errors import GatewayError, UpstreamTimeout
-from gateway.failover import open_with_failover
-from gateway.hardening import check_json_shape
-from gateway.metrics import GapTimer
-from gateway.plan import Plan, plan_request
-from gateway.ratelimit import Reservation
-from gateway.relay import SSE_HEADERS, ChunkRewriter, Usage, error_event, relay_events
+from gateway.plan.auto.service import choose_auto
+from gateway.plan.chain import Plan, plan_request
+from gateway.plan.tiers import TIER_TO_SERVICE_TIER
+from gateway.relay.body import ParsedBody, parse_body
+from gateway.relay.stream import SSE_HEADERS, ChunkRewriter, error_event, relay_events
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
-from gateway.tiers import TIER_TO_SERVICE_TIER
+from gateway.telemetry.accounting import account
+from gateway.telemetry.cost import cost_usd
+from gateway.telemetry.histograms import GapTimer
+from gateway.telemetry.record import RequestRecord
+from gateway.upstream.attempt import OpenedResponse
+from gateway.upstream.deadline import header_timeout_s
+from gateway.upstream.failover import open_with_failover
 
 log = logging.getLogger("speedgate.handler")
 

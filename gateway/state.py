@@ -6,16 +6,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.config import GatewayConfig
-from gateway.health import HealthChecker
-from gateway.metrics import GatewayMetrics
-from gateway.pools import PoolRegistry
-from gateway.telemetry import Telemetry
-from gateway.tiers import ModelIndex
-from gateway.upstream import Upstream
-from gateway.usage_store import UsageStore
+from gateway.plan.tiers import ModelIndex
+from gateway.routing.pools import PoolRegistry
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.tracing import Telemetry
+from gateway.telemetry.usage_store import UsageStore
+from gateway.upstream.client import Upstream
+from gateway.upstream.health import HealthChecker
 
 if TYPE_CHECKING:
-    from gateway.auto.service import AutoTier
+    from gateway.plan.auto.service import AutoTier
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ call. A "request" is a successful streamed chat request of ``--chunks`` content 
 ``chunks - 1`` inter-token gaps) on a registry that already holds series for 2 models × 2 tiers
 × 3 outcomes. Rows:
 
-- ``metrics.record_request``: everything ``gateway.metrics`` records at request end
+- ``metrics.record_request``: everything ``gateway.telemetry.metrics`` records at request end
   (requests, duration, queue, TTFT, TPOT, 3 token-usage observations, cost, the ITL merge);
 - ``GapTimer.tick``: per content event, while relaying (×chunks per request);
 - ``metrics.record_attempt``: per upstream attempt;
@@ -17,7 +17,7 @@ call. A "request" is a successful streamed chat request of ``--chunks`` content 
 - ``cost_usd`` and ``access JSON line`` (formatting only, no I/O);
 - the alternative: the OpenTelemetry SDK's own instruments (``MeterProvider`` with the
   Prometheus reader, exemplars off) recording the same measurements, ITL as one histogram
-  record per gap — what ``gateway.metrics`` would cost built on the SDK;
+  record per gap — what ``gateway.telemetry.metrics`` would cost built on the SDK;
 - scrape (``render()``) and OTLP conversion (``OtlpMetricsBridge.collect``): per scrape/export,
   not per request.
 
@@ -44,10 +44,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 
-from gateway.access import RequestRecord, format_json
+from gateway.common.usage import Usage
 from gateway.config import Prices, load_config
-from gateway.cost import cost_usd
-from gateway.metrics import (
+from gateway.routing.pools import PoolRegistry
+from gateway.telemetry.access_log import format_json
+from gateway.telemetry.cost import cost_usd
+from gateway.telemetry.metrics import (
     DURATION_BUCKETS,
     ITL_BUCKETS,
     QUEUE_BUCKETS,
@@ -57,10 +59,9 @@ from gateway.metrics import (
     GapTimer,
     GatewayMetrics,
 )
-from gateway.otlp_metrics import OtlpMetricsBridge
-from gateway.pools import PoolRegistry
-from gateway.relay import Usage
-from gateway.telemetry import Telemetry, TelemetryConfig
+from gateway.telemetry.otlp_metrics import OtlpMetricsBridge
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import Telemetry, TelemetryConfig
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 PRICES = Prices(input_per_mtok_usd=1.0, cached_input_per_mtok_usd=0.1, output_per_mtok_usd=2.0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from engines.sim import protocol as P
 from engines.sim.engine import Job
 from engines.sim.faults import Faults
 from engines.sim.plans import Plan, make_plans
+from engines.sim.request import RequestContext
 from engines.sim.responder import respond_full, respond_stream
 from engines.sim.sse import ConnectionReset
 from engines.sim.state import STATE, SimState
@@ -104,7 +104,7 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
                 pr = prompts[pl.index // (len(plans) // len(prompts))]
                 job.add(pl.index, pr.num_tokens, pr.block_hashes, pl.tokens)
             deliveries = _engine_outputs(state, job, len(plans))
-        ctx = _Ctx(state, chat, prompts, plans, job, faults, body)
+        ctx = RequestContext(state, chat, prompts, plans, job, faults, body)
         if body.get("stream"):
             resp = await respond_stream(request, ctx, deliveries)
         else:
@@ -126,35 +126,6 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     finally:
         if job is not None:
             state.engine.abort(job)
-
-
-class _Ctx:
-    """What the responders need about one request."""
-
-    __slots__ = ("body", "chat", "created", "faults", "job", "model", "plans", "prompts",
-                 "reset", "rid", "state")
-
-    def __init__(self, state: SimState, chat: bool, prompts: list[Prompt], plans: list[Plan],
-                 job: Job | None, faults: Faults, body: dict[str, Any]) -> None:
-        self.state, self.chat, self.prompts, self.plans = state, chat, prompts, plans
-        self.job, self.faults, self.body = job, faults, body
-        self.model = state.config.model
-        self.rid = P.random_id("chatcmpl-" if chat else "cmpl-")
-        self.created = int(time.time())
-        self.reset = False
-
-    def usage(self, completion: int | None = None) -> dict[str, Any]:
-        """Usage so far (``completion`` None: every plan's full length)."""
-        prompt = sum(p.num_tokens for p in self.prompts)
-        if completion is None:
-            completion = sum(pl.pos for pl in self.plans)
-        cached = None
-        if self.state.config.enable_prompt_tokens_details:
-            cached = 0
-            if self.job is not None:
-                n = max(1, len(self.plans) // len(self.prompts))
-                cached = sum(s.cached_tokens for s in self.job.seqs if s.index % n == 0)
-        return P.usage(prompt, completion, cached)
 
 
 async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: bool

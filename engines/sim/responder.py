@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from engines.sim import protocol as P
 from engines.sim.plans import Plan
+from engines.sim.request import RequestContext
 from engines.sim.sse import MALFORMED, ConnectionReset, EventWriter
-
-if TYPE_CHECKING:
-    from engines.sim.completions import _Ctx
 
 Deliveries = AsyncIterator[list[tuple[int, int, bool]]]
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -40,7 +38,7 @@ def _events(plan: Plan, items: list[tuple[str, str]], done: bool) -> list[tuple[
 class _Builder:
     """Builds chunk payloads for one streamed request."""
 
-    def __init__(self, ctx: _Ctx) -> None:
+    def __init__(self, ctx: RequestContext) -> None:
         self.ctx = ctx
         so = ctx.body.get("stream_options") or {}
         self.include_usage = bool(so.get("include_usage")) if isinstance(so, dict) else False
@@ -74,7 +72,7 @@ class _Builder:
         return self.chunk(ctx.rid, ctx.created, ctx.model, [], ctx.usage())
 
 
-async def respond_stream(request: web.Request, ctx: _Ctx, deliveries: Deliveries
+async def respond_stream(request: web.Request, ctx: RequestContext, deliveries: Deliveries
                          ) -> web.StreamResponse:
     """Stream the response as SSE (see the module docstring)."""
     faults, plans = ctx.faults, ctx.plans
@@ -111,7 +109,9 @@ async def respond_stream(request: web.Request, ctx: _Ctx, deliveries: Deliveries
     return resp
 
 
-async def respond_full(request: web.Request, ctx: _Ctx, deliveries: Deliveries) -> web.Response:
+async def respond_full(
+    request: web.Request, ctx: RequestContext, deliveries: Deliveries
+) -> web.Response:
     """Wait for every choice and answer one JSON body; stream faults act on the whole body."""
     faults, plans = ctx.faults, ctx.plans
     try:

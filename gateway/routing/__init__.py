@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from gateway.pools import Pool, Replica
 from gateway.routing.keys import RouteRequest
 from gateway.routing.least_inflight import pick_least_inflight
+from gateway.routing.pools import Pool, Replica
 
 
 async def pick_replica(

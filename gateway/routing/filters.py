@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 
-from gateway.pools import Replica
+from gateway.routing.pools import Replica
 
 
 def not_tried(candidates: Sequence[Replica], exclude: Collection[Replica]) -> list[Replica]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from gateway.pools import Replica
+from gateway.routing.pools import Replica
 
 
 def _weight(key: str, name: str) -> int:

@@ -13,9 +13,9 @@ appends new ones, so it shares every block of turn N and adds only its own.
 
 Hashes are 8-byte BLAKE2b digests: stable across processes (gateway replicas agree) and cheap
 (BLAKE2b releases the GIL on large inputs; measured: ~10 ms for a 5 MiB conversation on one
-core, see ``tests/unit/test_routing_keys.py``). Only the first ``max_hash_chars`` characters are
-hashed; :func:`route_request` hashes large conversations in a worker thread so the event loop
-never waits on them.
+core, see ``tests/unit/routing/test_routing_keys.py``). Only the first ``max_hash_chars``
+characters are hashed; :func:`route_request` hashes large conversations in a worker thread so
+the event loop never waits on them.
 """
 
 from __future__ import annotations

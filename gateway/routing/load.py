@@ -17,9 +17,9 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.pools import PoolRegistry, Replica
-from gateway.tasks import cancel_and_wait
-from gateway.upstream import Upstream, UpstreamConnectError
+from gateway.common.tasks import cancel_and_wait
+from gateway.routing.pools import PoolRegistry, Replica
+from gateway.upstream.client import Upstream, UpstreamConnectError
 
 log = logging.getLogger("speedgate.routing")
 

@@ -21,13 +21,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.breaker import CircuitBreaker
+from gateway.common.breaker import CircuitBreaker
 from gateway.config import GatewayConfig
-from gateway.pools import PoolRegistry
 from gateway.routing.load import LoadScraper
 from gateway.routing.pipeline import PoolRouter
+from gateway.routing.pools import PoolRegistry
 from gateway.routing.store import MemoryRoutingStore, RedisRoutingStore
-from gateway.upstream import Upstream
+from gateway.upstream.client import Upstream
 
 
 class RoutingService:

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.breaker import CircuitBreaker
+from gateway.common.breaker import CircuitBreaker
 from gateway.routing.table import AffinityTable
 
 log = logging.getLogger("speedgate.routing")

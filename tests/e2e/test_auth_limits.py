@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.auth import new_key
+from gateway.admit.auth import new_key
 from tests.e2e.helpers import CHAT, wait_for
 from tests.e2e.stack import MODEL, Stack
 

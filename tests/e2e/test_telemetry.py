@@ -10,10 +10,10 @@ import httpx
 import orjson
 import pytest
 
+from gateway.common.usage import Usage
 from gateway.config import Prices
-from gateway.cost import cost_usd
-from gateway.relay import Usage
-from gateway.tokencount import count_text
+from gateway.telemetry.cost import cost_usd
+from gateway.telemetry.tokencount import count_text
 from tests.e2e.helpers import CHAT, metric, stream_events
 from tests.e2e.stack import MODEL, Stack
 

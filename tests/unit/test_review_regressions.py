@@ -7,14 +7,15 @@ from contextlib import redirect_stdout
 import orjson
 import pytest
 
-from gateway.attempt import RetryableFailure, _read_until_content
-from gateway.body import parse_body
 from gateway.cli import main
+from gateway.common.usage import Usage
 from gateway.config import ConfigError, GatewayConfig
-from gateway.deadline import header_timeout_s
 from gateway.errors import InvalidRequest, parse_engine_error
-from gateway.relay import ChunkRewriter, Usage, relay_events
-from gateway.sse import EventTooLarge, SSEEvent, SSEParser
+from gateway.relay.body import parse_body
+from gateway.relay.sse import EventTooLarge, SSEEvent, SSEParser
+from gateway.relay.stream import ChunkRewriter, relay_events
+from gateway.upstream.attempt import RetryableFailure, _read_until_content
+from gateway.upstream.deadline import header_timeout_s
 
 ROLE = SSEEvent(b'{"model":"s","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}')
 TOKEN = SSEEvent(b'{"model":"s","choices":[{"index":0,"delta":{"content":"a"}}]}')
@@ -150,7 +151,7 @@ def test_session_keys_are_scoped_by_api_key():  # review: tenants share no sessi
 
 
 async def test_lost_redis_reply_gives_the_lease_back():  # review: no slot held for an hour
-    from gateway.ratelimit import RedisLimiter
+    from gateway.admit.ratelimit_redis import RedisLimiter
 
     removed: list[tuple[str, str]] = []
 
@@ -164,7 +165,7 @@ async def test_lost_redis_reply_gives_the_lease_back():  # review: no slot held 
             removed.append((key, lease))
 
     limiter = RedisLimiter(Client(), fail_mode="open")
-    from gateway.ratelimit import KeyLimits
+    from gateway.admit.ratelimit import KeyLimits
 
     await limiter.reserve("k", KeyLimits(requests_per_min=10, tokens_per_min=0, concurrent=1), 5)
     await asyncio.wait_for(asyncio.gather(*limiter._pending), 3)

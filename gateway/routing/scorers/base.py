@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.pools import Replica
+from gateway.routing.pools import Replica
 from gateway.routing.store import Lookup
 
 

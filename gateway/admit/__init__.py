@@ -1,0 +1,11 @@
+"""Admission, the first step of the request path: who may send this request, and may it go now.
+
+- ``gate``: ``Gate``, what the handler calls: ``authenticate`` (API key), ``entitle`` (model and
+  tier), ``reserve`` (rate limits, all-or-nothing) and ``release`` when the request ends;
+- ``auth``: API keys (hashed), entitlements per model and tier, ``PermissionDenied``;
+- ``ratelimit``: token buckets per key (``MemoryLimiter``, the ``Limiter`` interface,
+  ``RateLimited``); ``ratelimit_redis``: ``RedisLimiter``, the same limits shared by replicas;
+- ``hardening``: header and JSON-shape limits checked before any work (``check_headers``,
+  ``check_json_shape``);
+- ``audit``: the audit log of refused and privileged requests.
+"""

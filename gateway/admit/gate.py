@@ -1,0 +1,204 @@
+"""Step 1 of a request, admit: API key → entitlements → rate limits (DESIGN §1, §10).
+
+``Gate`` is what the handler calls, in this order:
+
+1. ``authenticate(scope, rec)`` before the body is read (a bad key costs no body read): 401;
+2. ``entitle(key, treq, rec)`` after tier resolution: 403, or the tiers the planner may use;
+3. ``reserve(key, body, kind, raw_size)`` after planning: 429 (or 503 fail-closed), else a
+   ``Reservation`` and the ``x-ratelimit-*`` headers for the response;
+4. ``release(reservation, rec)`` exactly once after accounting, on every exit path
+   (disconnects included), with the request's actual usage.
+
+With auth disabled every call is a no-op and ``key`` is None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Literal
+
+from gateway.admit.audit import AuditLog, client_addr
+from gateway.admit.auth import (
+    ApiKey,
+    AuthenticationError,
+    KeyRing,
+    PermissionDenied,
+    bearer_token,
+    check_request,
+    fingerprint,
+)
+from gateway.admit.ratelimit import (
+    Limiter,
+    MemoryLimiter,
+    RateLimited,
+    Reservation,
+    release,
+)
+from gateway.admit.ratelimit_redis import RedisLimiter
+from gateway.asgi import Scope, header
+from gateway.common.breaker import CircuitBreaker
+from gateway.config import GatewayConfig
+from gateway.plan.tiers import TierRequest
+from gateway.relay.body import ParsedBody
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tokencount import count_prompt_async
+
+log = logging.getLogger("speedgate.admission")
+
+
+class Gate:
+    """Authentication, entitlements and rate limits of one gateway process."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        keyring: KeyRing | None = None,
+        limiter: Limiter | None = None,
+        audit: AuditLog | None = None,
+    ) -> None:
+        self.config = config
+        self.keyring = keyring or KeyRing(config.auth)
+        self.audit = audit or AuditLog()
+        self.limiter: Limiter = limiter or self._limiter(config)
+        self._releases: set[asyncio.Task[None]] = set()
+        if not self.keyring.enabled and config.server.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("auth is off and the gateway listens on %s: anyone who reaches it can "
+                        "use every model and tier (set auth.keys or auth.keys_file)",
+                        config.server.host)
+
+    @staticmethod
+    def _limiter(config: GatewayConfig) -> Limiter:
+        rl = config.rate_limits
+        if not config.state.redis_url:
+            return MemoryLimiter()
+        import redis.asyncio as aioredis
+
+        t = config.state.redis_timeout_s
+        client = aioredis.Redis.from_url(
+            config.state.redis_url, socket_timeout=t, socket_connect_timeout=t
+        )
+        return RedisLimiter(
+            client,
+            prefix=rl.redis_prefix,
+            slot_ttl_s=rl.slot_ttl_s,
+            fail_mode=rl.fail_mode,
+            breaker=CircuitBreaker("ratelimit"),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether requests must carry a valid API key."""
+        return self.keyring.enabled
+
+    def authenticate(self, scope: Scope, rec: RequestRecord | None = None) -> ApiKey | None:
+        """The caller's key (None with auth disabled); 401 ``AuthenticationError`` otherwise.
+        Sets ``rec.key_id``. Audits failures."""
+        if not self.keyring.enabled:
+            return None
+        authorization = header(scope, b"authorization")
+        try:
+            key = self.keyring.authenticate(authorization)
+        except AuthenticationError as e:
+            token = bearer_token(authorization)
+            self.audit.event(
+                "auth_failed",
+                code=e.code,
+                request_id=rec.request_id if rec else scope.get("speedgate.request_id"),
+                key_fingerprint=fingerprint(token) if token else None,
+                client=client_addr(scope),
+                path=scope.get("path"),
+            )
+            raise
+        if rec is not None:
+            rec.key_id = key.id
+        return key
+
+    def entitle(
+        self, key: ApiKey | None, treq: TierRequest, scope: Scope, rec: RequestRecord
+    ) -> frozenset[str] | None:
+        """Tiers of ``treq``'s model the key may be served on (None: no restriction); 403
+        ``PermissionDenied`` (audited) when the model or an explicit tier is not the key's."""
+        if key is None:
+            return None
+        try:
+            return check_request(key, treq, frozenset(treq.model.tiers))
+        except PermissionDenied as e:
+            self.audit.event(
+                "permission_denied",
+                code=e.code,
+                request_id=rec.request_id,
+                key_id=key.id,
+                model=treq.model_name,
+                tier=treq.tier,
+                tier_source=treq.source,
+                client=client_addr(scope),
+                path=scope.get("path"),
+            )
+            raise
+
+    async def reserve(
+        self,
+        key: ApiKey | None,
+        body: ParsedBody,
+        kind: Literal["chat", "completion"],
+        raw_size: int,
+    ) -> tuple[Reservation | None, list[tuple[bytes, bytes]]]:
+        """Reserve the key's limits for this request: ``(reservation, response headers)``.
+
+        Raises ``RateLimited`` (429 + Retry-After + ``x-ratelimit-*``) or, fail-closed with
+        Redis down, ``LimiterUnavailable`` (503)."""
+        if key is None:
+            return None, []
+        limits = key.config.limits
+        if not (limits.requests_per_min or limits.tokens_per_min or limits.concurrent):
+            return None, []
+        tokens = 0
+        if limits.tokens_per_min:
+            tokens = await estimate_tokens(
+                body.doc, kind, raw_size, self.config.telemetry.usage_estimate_encoding
+            )
+        decision, reservation = await self.limiter.reserve(key.id, limits, tokens)
+        if reservation is None:
+            raise RateLimited(key.id, decision)
+        return reservation, decision.headers()
+
+    async def release(self, reservation: Reservation | None, rec: RequestRecord) -> None:
+        """Release ``reservation`` with the request's actual tokens (prompt + completion; 0
+        when no engine was reached). Survives cancellation of the calling task: the release
+        runs as its own task and is awaited under ``shield``."""
+        if reservation is None or reservation.released:
+            return
+        u = rec.usage if rec.served_tier else None
+        actual = u.prompt + u.completion if u is not None else 0
+        task = asyncio.get_running_loop().create_task(release(reservation, actual))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            pass  # the task finishes on its own
+        except Exception:
+            log.exception("rate-limit release failed for key %s", reservation.key_id)
+
+    async def close(self) -> None:
+        """Wait for pending releases and close the Redis client."""
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
+        close = getattr(self.limiter, "close", None)
+        if close is not None:
+            await close()
+
+
+async def estimate_tokens(
+    doc: dict[str, Any], kind: Literal["chat", "completion"], raw_size: int, encoding: Any
+) -> int:
+    """Tokens to reserve at admission: the prompt counted with tiktoken plus the output cap
+    the client set (``max_completion_tokens`` or ``max_tokens``; 0 when unset)."""
+    try:
+        prompt = await count_prompt_async(doc, kind, size_hint=raw_size, encoding=encoding)
+    except Exception:  # an odd body shape must not fail admission: bytes / 4 (OpenAI's rule)
+        prompt = raw_size // 4
+    cap = doc.get("max_completion_tokens", doc.get("max_tokens"))
+    out = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else 0
+    return prompt + min(out, 10_000_000)

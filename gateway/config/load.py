@@ -1,0 +1,112 @@
+"""``GatewayConfig`` (the whole schema) and ``load_config``: YAML file + ``SPEEDGATE_*`` environment
+overrides, validated; errors name the field."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from gateway.config.pool import ModelConfig
+from gateway.config.server import (
+    AuthConfig,
+    HealthConfig,
+    RateLimitConfig,
+    ServerConfig,
+    StateConfig,
+    UpstreamConfig,
+)
+from gateway.config.telemetry import TelemetryConfig
+
+
+class GatewayConfig(BaseSettings):
+    """The whole gateway configuration (YAML file + ``SPEEDGATE_`` environment overrides)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPEEDGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerConfig = ServerConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    health: HealthConfig = HealthConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    state: StateConfig = StateConfig()
+    auth: AuthConfig = AuthConfig()
+    rate_limits: RateLimitConfig = RateLimitConfig()
+    models: dict[str, ModelConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> GatewayConfig:
+        names: dict[str, str] = {}
+        for model_name, model in self.models.items():
+            for name in (model_name, *model.aliases):
+                if name in names:
+                    raise ValueError(
+                        f"models.{model_name}: name {name!r} already used by {names[name]!r}"
+                    )
+                names[name] = model_name
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first: SPEEDGATE_* overrides what the YAML file (init kwargs) says.
+        return (env_settings, init_settings)
+
+
+class ConfigError(Exception):
+    """Raised when a config file cannot be read or does not validate; message names the field."""
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> GatewayConfig:
+    """Load and validate the config from a YAML file (plus env overrides and ``overrides``).
+
+    Raises ``ConfigError`` naming the offending field (``models.m.tiers.fast.endpoints: ...``).
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping")
+        data = raw
+    data.update(overrides)
+    try:
+        return GatewayConfig(**data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e)) from None

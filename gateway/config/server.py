@@ -1,0 +1,135 @@
+"""Process-wide config sections: server, upstream client, health probes, state store, API keys
+and limits."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+)
+
+from gateway.config.base import TIERS, Tier, _Strict
+
+
+class ServerConfig(_Strict):
+    """The gateway's own HTTP server."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    workers: int = Field(1, ge=1, description="uvicorn worker processes")
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Largest accepted request body. A 1M-token conversation is ~4-8 MiB of JSON.",
+    )
+    graceful_shutdown_s: float = Field(
+        60.0,
+        ge=0,
+        description="on SIGTERM, seconds open streams get to finish before they are ended with "
+        "an in-band error (long agent streams: keep near the orchestrator's grace period)",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="Total size of the request headers; larger gets 431."
+    )
+    max_json_depth: int = Field(
+        64, ge=4, description="Deepest nesting of arrays/objects in a request body; deeper: 400."
+    )
+
+
+class UpstreamConfig(_Strict):
+    """The HTTP client that talks to the engines."""
+
+    max_connections: int = Field(
+        0, ge=0, description="Total pooled connections to all replicas; 0 = unlimited."
+    )
+    keepalive_timeout_s: float = Field(30.0, gt=0)
+
+
+class HealthConfig(_Strict):
+    """Active health probes of each replica's ``GET /health``."""
+
+    enabled: bool = True
+    interval_s: float = Field(5.0, gt=0)
+    timeout_s: float = Field(2.0, gt=0)
+    unhealthy_threshold: int = Field(2, ge=1, description="Failed probes in a row to mark down")
+    healthy_threshold: int = Field(1, ge=1, description="Good probes in a row to mark up")
+
+
+class StateConfig(_Strict):
+    """Shared state across gateway replicas (usage totals). Without ``redis_url`` the state
+    is in this process's memory."""
+
+    redis_url: str | None = Field(
+        None, description="redis://host:6379/0; None = in-memory state (single replica)"
+    )
+    redis_timeout_s: float = Field(
+        0.1, gt=0, description="socket timeout of each Redis call; a slow Redis never stalls"
+    )
+    routing_key_prefix: str = Field(
+        "speedgate:route:", description="prefix of the routing keys (sessions, prefix blocks)"
+    )
+    breaker_failures: int = Field(3, ge=1, description="Redis failures in a row to open")
+    breaker_cooldown_s: float = Field(5.0, gt=0, description="open circuit: Redis skipped (s)")
+
+
+class KeyLimits(_Strict):
+    """Per-key limits, enforced across gateway replicas (``gateway.admit.ratelimit``); 0 = no limit.
+
+    ``requests_per_min`` and ``tokens_per_min`` are token buckets refilled continuously
+    (capacity = the limit, refill = limit / 60 s); tokens are prompt + completion tokens.
+    ``concurrent`` caps the key's requests in flight."""
+
+    requests_per_min: int = Field(0, ge=0)
+    tokens_per_min: int = Field(0, ge=0)
+    concurrent: int = Field(0, ge=0)
+
+
+class ApiKeyConfig(_Strict):
+    """One API key, stored only as a hash (``speedgate keygen`` prints a key and its hash).
+
+    ``hash``: ``sha256:<64 hex>`` of the whole key string. ``models``: client-facing model
+    names (configured models; aliases resolve to their model) or ``*``. ``tiers``: tiers the key
+    may be served on. ``admin``: may read any key's ``/v1/usage``."""
+
+    id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@\-]+$")
+    hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    models: list[str] = Field(default_factory=lambda: ["*"])
+    tiers: list[Tier] = Field(default_factory=lambda: list(TIERS), min_length=1)
+    limits: KeyLimits = KeyLimits()
+    admin: bool = False
+
+
+class AuthConfig(_Strict):
+    """API-key authentication (``Authorization: Bearer <key>``), see ``gateway.admit.auth``.
+
+    ``enabled``: None (default) = on when ``keys`` or ``keys_file`` is set; true/false forces it
+    (true with no key refuses every request). ``keys_file``: a YAML file ``{keys: [...]}`` of
+    the same entries as ``keys`` (the Kubernetes Secret mounted at
+    ``/etc/speedgate/secrets/api-keys.yaml``), read at startup and merged with ``keys``."""
+
+    enabled: bool | None = None
+    keys: list[ApiKeyConfig] = Field(default_factory=list)
+    keys_file: str | None = None
+
+    @property
+    def is_enabled(self) -> bool:
+        """Whether requests must carry a valid key."""
+        if self.enabled is not None:
+            return self.enabled
+        return bool(self.keys) or self.keys_file is not None
+
+
+class RateLimitConfig(_Strict):
+    """How per-key limits are kept (``gateway.admit.ratelimit``). With ``state.redis_url`` the
+    counters are shared by all gateway replicas (atomic Lua check-and-reserve); else in memory.
+
+    ``fail_mode``: when Redis cannot answer (timeout, breaker open), ``open`` keeps limiting on
+    this replica's in-memory counters, ``closed`` refuses the request (503 + Retry-After).
+    ``slot_ttl_s``: a concurrency slot left by a crashed gateway expires after this long."""
+
+    fail_mode: Literal["open", "closed"] = "open"
+    slot_ttl_s: float = Field(3600.0, gt=0)
+    redis_prefix: str = "speedgate:rl:"

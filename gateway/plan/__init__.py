@@ -1,0 +1,7 @@
+"""Planning, the second step: which tier serves the request, and what to fall back to.
+
+- ``tiers``: ``ModelIndex`` (model names and aliases → a model and a ``TierRequest``: header,
+  alias, ``service_tier``, default) and ``TIER_TO_SERVICE_TIER``;
+- ``chain``: ``plan_request`` → ``Plan``, the ordered pools to try (the fallback chain);
+- ``auto/``: the ``auto`` tier, standard or fast per request from live measurements.
+"""

@@ -1,0 +1,173 @@
+"""Engine pools and their replicas: the live state the router reads (health, in-flight)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.common.urls import redact_url
+from gateway.config import GatewayConfig, PoolConfig, Tier
+from gateway.upstream.outlier import OutlierState, max_ejected, record_failure, record_success
+from gateway.upstream.retry import RetryBudget
+
+if TYPE_CHECKING:
+    from collections import Counter
+    from collections.abc import Collection, Sequence
+
+    from gateway.routing.keys import RouteRequest
+    from gateway.routing.store import RoutingStore
+
+log = logging.getLogger("speedgate.pools")
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    """One engine server. ``url`` is its base URL (may carry credentials: log ``safe_url``).
+
+    ``inflight`` counts requests this gateway has open to it (incremented when an attempt
+    starts, decremented on every exit path). ``healthy`` comes from active ``/health`` probes,
+    ``outlier`` from passive ejection (``gateway.upstream.outlier``).
+    """
+
+    url: str
+    pool_key: str
+    inflight: int = 0
+    healthy: bool = True
+    consecutive_probe_failures: int = 0
+    consecutive_probe_successes: int = 0
+    safe_url: str = ""
+    name: str = ""  # "model/tier/index": how clients and logs name it without its address
+    outlier: OutlierState = field(default_factory=OutlierState)
+    # engine load scraped from its /metrics (gateway.routing.load); engine_load_at: monotonic s
+    engine_running: int = 0
+    engine_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    spec_drafts: float = 0.0  # vllm:spec_decode_num_drafts, cumulative
+    spec_accepted: float = 0.0  # vllm:spec_decode_num_accepted_tokens, cumulative
+    engine_load_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.safe_url = redact_url(self.url)
+
+
+class ReplicaRouter(Protocol):
+    """What a pool's router offers (``gateway.routing.pipeline.PoolRouter`` implements it):
+    declared here so the pool, which the pipeline imports, need not import the pipeline."""
+
+    store: RoutingStore
+    decisions: Counter[str]
+
+    async def pick(
+        self,
+        route: RouteRequest | None,
+        candidates: Sequence[Replica],
+        exclude: Collection[Replica] = (),
+    ) -> Replica | None:
+        """The replica for the next attempt among ``candidates`` (none of ``exclude``)."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait for the router's pending state-store writes."""
+        ...
+
+
+@dataclass(slots=True, eq=False)
+class Pool:
+    """The replicas serving one model at one tier (``key`` is ``model/tier``)."""
+
+    model: str
+    tier: Tier
+    config: PoolConfig
+    replicas: list[Replica] = field(default_factory=list)
+    budget: RetryBudget = field(init=False)
+    router: ReplicaRouter | None = None  # set by gateway.routing.service at startup
+
+    def __post_init__(self) -> None:
+        self.budget = RetryBudget(self.config.retry)
+
+    @property
+    def key(self) -> str:
+        """``model/tier``, the pool's name in logs and metrics."""
+        return f"{self.model}/{self.tier}"
+
+    def set_endpoints(self, urls: list[str]) -> None:
+        """Replace the replica list (DNS discovery): replicas whose URL stays keep their state
+        (in-flight, health, ejection); new URLs join healthy; gone ones leave (requests in
+        flight on them still hold their own reference)."""
+        by_url = {r.url: r for r in self.replicas}
+        self.replicas = [
+            by_url.get(u) or Replica(u, self.key, name=f"{self.key}/{_short_hash(u)}")
+            for u in urls
+        ]
+
+    def usable(self, now: float) -> list[Replica]:
+        """Replicas that are healthy, not ejected at ``now`` (monotonic s) and below the pool's
+        ``max_inflight_per_replica`` cap (0 = no cap)."""
+        cap = self.config.max_inflight_per_replica
+        return [
+            r
+            for r in self.replicas
+            if r.healthy
+            and not r.outlier.is_ejected(now)
+            and (cap == 0 or r.inflight < cap)
+        ]
+
+    def record_success(self, replica: Replica) -> None:
+        """Feed a successful attempt to outlier detection."""
+        record_success(replica.outlier, self.config.outlier)
+
+    def record_failure(self, replica: Replica, now: float) -> bool:
+        """Feed a failed attempt (connect error, 5xx, timeout, broken stream) to outlier
+        detection; True when it ejected the replica."""
+        cfg = self.config.outlier
+        if not cfg.enabled:
+            return False
+        ejected_now = sum(r.outlier.is_ejected(now) for r in self.replicas)
+        may_eject = ejected_now < max_ejected(len(self.replicas), cfg)
+        if record_failure(replica.outlier, cfg, now, may_eject):
+            log.warning(
+                "replica %s (%s) ejected for %.0fs after repeated failures",
+                replica.safe_url,
+                self.key,
+                replica.outlier.ejected_until - now,
+            )
+            return True
+        return False
+
+    def has_healthy(self) -> bool:
+        """True when at least one replica passes its health probes."""
+        return any(r.healthy for r in self.replicas)
+
+
+class PoolRegistry:
+    """All pools, keyed by ``(model, tier)``, built once from the config."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self._pools: dict[tuple[str, str], Pool] = {}
+        for name, model in config.models.items():
+            for tier, pc in model.tiers.items():
+                pool = Pool(name, tier, pc)
+                pool.replicas = [
+                    Replica(u, pool.key, name=f"{pool.key}/{i}")
+                    for i, u in enumerate(pc.endpoint_urls())
+                ]
+                self._pools[(name, tier)] = pool
+
+    def get(self, model: str, tier: str) -> Pool | None:
+        """The pool of ``model`` at ``tier``, or None when that tier is not configured."""
+        return self._pools.get((model, tier))
+
+    def all(self) -> list[Pool]:
+        """Every pool, in config order."""
+        return list(self._pools.values())
+
+    def replicas(self) -> list[Replica]:
+        """Every replica of every pool."""
+        return [r for p in self._pools.values() for r in p.replicas]
+
+
+def _short_hash(url: str) -> str:
+    """A stable 8-hex-digit name for a discovered replica (its address is not for clients)."""
+    return hashlib.sha256(url.encode()).hexdigest()[:8]

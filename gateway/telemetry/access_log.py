@@ -1,0 +1,127 @@
+"""The access log: one line per request with ids, tier, replica, status, tokens and timings.
+
+Never the prompt, the completion or an API key (DESIGN §10). Replica URLs are redacted.
+Two formats: ``text`` (``key=value`` pairs, the default) and ``json`` (one JSON object per line,
+fields of ``access_fields``; ``configure_access_log("json")`` makes the logger write bare JSON
+lines to a stream for log shippers).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import IO, Any, Literal
+
+import orjson
+
+from gateway.telemetry.record import RequestRecord
+
+AccessLogFormat = Literal["text", "json"]
+
+access_log = logging.getLogger("speedgate.access")
+
+
+def log_request(rec: RequestRecord) -> None:
+    """Emit the access log line for ``rec`` (logger ``speedgate.access``, level INFO)."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    u = rec.usage
+    access_log.info(
+        "request_id=%s key_id=%s session_id=%s path=%s model=%s tier_asked=%s tier=%s "
+        "fallback=%s replica=%s stream=%s "
+        "attempts=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
+        "completion_tokens=%s ttft_s=%s e2e_s=%.4f",
+        rec.request_id,
+        rec.key_id,
+        rec.session_id,
+        rec.path,
+        rec.model,
+        rec.asked_tier,
+        rec.served_tier,
+        rec.fallback,
+        rec.replica,
+        rec.stream,
+        rec.attempts,
+        rec.status,
+        rec.outcome,
+        u.prompt if u else None,
+        u.cached if u else None,
+        u.completion if u else None,
+        f"{rec.ttft_s:.4f}" if rec.ttft_s is not None else None,
+        rec.e2e_s or 0.0,
+    )
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def access_fields(rec: RequestRecord) -> dict[str, Any]:
+    """The fields of the JSON access line (times in seconds, cost in USD). No text, no key."""
+    u = rec.usage
+    return {
+        "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "request_id": rec.request_id,
+        "trace_id": rec.trace_id,
+        "key_id": rec.key_id,
+        "session_id": rec.session_id,
+        "path": rec.path,
+        "model": rec.model,
+        "tier_asked": rec.asked_tier,
+        "tier": rec.served_tier,
+        "auto_reason": rec.auto_reason,
+        "fallback": rec.fallback,
+        "replica": rec.replica,
+        "stream": rec.stream,
+        "attempts": rec.attempts,
+        "retries": rec.retries,
+        "status": rec.status,
+        "outcome": rec.outcome,
+        "prompt_tokens": u.prompt if u else None,
+        "cached_tokens": u.cached if u else None,
+        "completion_tokens": u.completion if u else None,
+        "usage_estimated": rec.usage_estimated,
+        "cost_usd": rec.cost_usd,
+        "queue_s": _r(rec.queue_s, 6),
+        "ttft_s": _r(rec.ttft_s),
+        "e2e_s": _r(rec.e2e_s),
+    }
+
+
+def format_json(rec: RequestRecord) -> str:
+    """One JSON object (a single line) describing ``rec``."""
+    return orjson.dumps(access_fields(rec)).decode()
+
+
+def log_request_json(rec: RequestRecord) -> None:
+    """Emit ``rec`` as one JSON line on the access logger (level INFO)."""
+    if access_log.isEnabledFor(logging.INFO):
+        access_log.info("%s", format_json(rec))
+
+
+def log_access(rec: RequestRecord, fmt: AccessLogFormat = "text") -> None:
+    """Emit the access line of ``rec`` in ``fmt``."""
+    if fmt == "json":
+        log_request_json(rec)
+    else:
+        log_request(rec)
+
+
+def configure_access_log(fmt: AccessLogFormat, stream: IO[str] | None = None) -> None:
+    """For ``json``: the access logger writes bare JSON lines (no timestamp/level prefix) to
+    ``stream`` (stdout by default) and stops propagating to the root handlers. For ``text``:
+    back to propagating through the root logger's format."""
+    for h in list(access_log.handlers):
+        if getattr(h, "_speedgate_json", False):
+            access_log.removeHandler(h)
+    if fmt == "json":
+        handler = logging.StreamHandler(stream or sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._speedgate_json = True  # type: ignore[attr-defined]
+        access_log.addHandler(handler)
+        access_log.propagate = False
+        if access_log.level == logging.NOTSET or access_log.level > logging.INFO:
+            access_log.setLevel(logging.INFO)
+    else:
+        access_log.propagate = True

@@ -1,0 +1,12 @@
+"""Talking to the engines: one attempt, and what to do when it fails.
+
+- ``client``: ``Upstream``, the pooled HTTP client (aiohttp) and its typed failures;
+- ``attempt``: ``open_attempt``, one request to one replica under its staged timeouts (connect,
+  TTFT, stall), until the first content event;
+- ``failover``: ``open_with_failover``, retries within a pool and fallbacks along the plan's
+  chain, never after output reached the client;
+- ``retry``: backoff with full jitter and ``RetryBudget``; ``outlier``: passive ejection;
+  ``deadline``: the request's total deadline from the client's headers;
+- ``health``: ``HealthChecker``, active ``/health`` probes; ``discovery``: ``DnsDiscovery``,
+  replicas from DNS (a Kubernetes headless Service).
+"""

@@ -1,0 +1,225 @@
+"""One upstream attempt with staged timeouts, up to the point where the client can be answered.
+
+For a stream that point is the first content event (headers and the role chunk are not a first
+token); for a non-stream request it is the whole JSON body. Until then a failure is
+``RetryableFailure`` (the caller may try another replica or pool) unless it is the client's
+fault (engine 4xx other than 408/429: raised as is) or the request's total deadline expired
+(``UpstreamTimeout("total")``). The replica's in-flight count is held from the start of the
+attempt until ``OpenedResponse.close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout, parse_engine_error
+from gateway.relay.sse import SSEEvent
+from gateway.relay.stream import engine_error
+from gateway.routing.pools import Pool, Replica
+from gateway.telemetry.tracing import AttemptTrace
+from gateway.upstream.client import (
+    MAX_ERROR_BODY_BYTES,
+    Upstream,
+    UpstreamBrokenError,
+    UpstreamConnectError,
+    UpstreamResponse,
+)
+
+RETRYABLE_STATUSES = frozenset({408, 429})
+
+
+class RetryableFailure(Exception):
+    """The attempt failed before anything reached the client; ``reason`` is a short slug
+    (``connect-error``, ``http-503``, ``ttft-timeout``, ``broken-stream``, ``malformed``) and
+    ``error`` what the client gets if no other attempt succeeds."""
+
+    def __init__(self, reason: str, error: GatewayError) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+    @property
+    def replica_fault(self) -> bool:
+        """True when the failure says the replica is unhealthy (for outlier ejection); a 429
+        or 408 says it is busy, not broken."""
+        return self.reason not in ("http-429", "http-408")
+
+
+@dataclass(slots=True)
+class Attempt:
+    """What to send where: ``payload`` to ``replica`` of ``pool`` at ``path``; ``deadline`` is
+    the loop time of the request's total deadline."""
+
+    pool: Pool
+    replica: Replica
+    payload: bytes
+    path: str
+    request_id: str
+    stream: bool
+    deadline: float
+    total_s: float = 0.0  # the request's total timeout in seconds (for messages)
+    extra_headers: dict[str, str] | None = None  # e.g. W3C traceparent of the attempt span
+
+
+@dataclass(slots=True, eq=False)
+class OpenedResponse:
+    """A successful attempt: for streams the events up to the first content event (``head``:
+    e.g. the role chunk, then the content event) and the ``events`` iterator that continues
+    after it; for JSON the parsed ``doc``. ``ttft_s``: seconds from send to the first content
+    event (streams) or to the complete body. ``batches`` continues after ``head``."""
+
+    attempt: Attempt
+    response: UpstreamResponse
+    ttft_s: float
+    head: list[SSEEvent] | None = None
+    batches: AsyncIterator[list[SSEEvent]] | None = None
+    doc: dict | None = None
+    span: AttemptTrace | None = None
+    _closed: bool = False
+
+    def close(self) -> None:
+        """Release the upstream connection (aborting the engine if unfinished) and the
+        replica's in-flight slot. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.response.close()
+        self.attempt.replica.inflight -= 1
+
+
+async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
+    """Send the attempt and wait for its first content event (stream) or its body (JSON).
+
+    Timeouts (``pool.config.timeouts``): ``connect_s`` for the TCP connect; ``ttft_s`` from
+    send to the first content event (streams only: a non-stream response has no first token;
+    a role chunk or a comment is not content); the total deadline for everything. Raises
+    ``RetryableFailure``, ``UpstreamTimeout`` (total deadline), or the engine's 4xx as
+    ``EngineClientError``.
+    """
+    loop = asyncio.get_running_loop()
+    timeouts = attempt.pool.config.timeouts
+    t_sent = time.monotonic()
+    limit = attempt.deadline
+    if attempt.stream:
+        limit = min(loop.time() + timeouts.ttft_s, attempt.deadline)
+    headers = {
+        "content-type": "application/json",
+        "x-request-id": attempt.request_id,
+        "accept": "text/event-stream" if attempt.stream else "application/json",
+    }
+    if attempt.extra_headers:
+        headers.update(attempt.extra_headers)
+    url = attempt.replica.url + attempt.path
+    attempt.replica.inflight += 1
+    resp: UpstreamResponse | None = None
+    try:
+        async with asyncio.timeout_at(limit):
+            resp = await upstream.post(url, attempt.payload, headers, timeouts.connect_s)
+            if resp.status != 200:
+                err = parse_engine_error(resp.status, await resp.read(MAX_ERROR_BODY_BYTES))
+                err.retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
+                if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
+                    raise RetryableFailure(f"http-{resp.status}", err)
+                if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
+                    raise RetryableFailure(f"http-{resp.status}", err)
+                raise err
+            if attempt.stream:
+                batches = resp.event_batches()
+                head = await _read_until_content(batches)
+                return OpenedResponse(
+                    attempt, resp, time.monotonic() - t_sent, head=head, batches=batches
+                )
+            raw = await resp.read()
+            doc = _json_object(raw)
+            return OpenedResponse(attempt, resp, time.monotonic() - t_sent, doc=doc)
+    except BaseException as e:
+        if resp is not None:
+            resp.close()
+        attempt.replica.inflight -= 1
+        if isinstance(e, TimeoutError):
+            # which limit was in force, not the clock: timers may fire a little early
+            if limit >= attempt.deadline:
+                raise UpstreamTimeout("total", attempt.total_s) from None
+            raise RetryableFailure(
+                "ttft-timeout", UpstreamTimeout("ttft", timeouts.ttft_s)
+            ) from None
+        if isinstance(e, UpstreamConnectError):
+            raise RetryableFailure(
+                "connect-timeout" if e.timeout else "connect-error",
+                UpstreamError(f"cannot reach engine replica: {e}"),
+            ) from None
+        if isinstance(e, UpstreamBrokenError):
+            raise RetryableFailure(
+                "broken-stream", UpstreamError(f"engine connection broke: {e}")
+            ) from None
+        raise
+
+
+async def _read_until_content(batches: AsyncIterator[list[SSEEvent]]) -> list[SSEEvent]:
+    """Data events up to the first content event, plus any that arrived in the same read
+    (comments dropped). Until then nothing is sent to the client, so a failure here can still
+    be retried. A payload that is neither ``[DONE]`` nor a JSON object is a malformed stream."""
+    head: list[SSEEvent] = []
+    async for batch in batches:
+        found = False
+        for ev in batch:
+            if ev.data is None:
+                continue
+            if not found:
+                doc = None if ev.is_done else _json_object(ev.data)
+                if doc is not None and "error" in doc and not doc.get("choices"):
+                    # the engine failed before any output: another replica may still serve
+                    raise RetryableFailure("engine-error", engine_error(doc))
+                found = doc is None or is_content(doc)
+            head.append(ev)
+        if found:
+            return head
+    raise UpstreamBrokenError("stream ended before the first content event")
+
+
+def is_content(doc: dict) -> bool:
+    """True for a chunk that carries output the client must not see twice: text, a tool
+    call, a finish reason, usage (``choices: []``) or an in-band error."""
+    if "error" in doc:
+        return True
+    choices = doc.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return True
+    for c in choices:
+        if not isinstance(c, dict):
+            return True
+        if c.get("finish_reason") is not None or c.get("text"):
+            return True
+        delta = c.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning")
+            or delta.get("reasoning_content") or delta.get("refusal")
+        ):
+            return True
+    return False
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds (the delta-seconds form; an HTTP date is ignored)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def _json_object(raw: bytes) -> dict:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise RetryableFailure("malformed", UpstreamError("engine sent a malformed response"))
+    return doc

@@ -1,0 +1,184 @@
+"""Step 3 of a request, attempt: the plan's pools in order, retries on other replicas with
+backoff and a retry budget, fallbacks, and feedback to outlier ejection (DESIGN §7).
+
+Only before anything reached the client: ``open_with_failover`` returns the first attempt
+that produced a first content event (stream) or a whole body (JSON), or raises the last
+failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from gateway.errors import EngineClientError, GatewayError, NoHealthyReplica, UpstreamTimeout
+from gateway.plan.chain import Plan
+from gateway.relay.body import ParsedBody, upstream_body
+from gateway.routing import RouteRequest, pick_replica
+from gateway.routing.pools import Pool, Replica
+from gateway.state import GatewayState
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import RequestTrace
+from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
+from gateway.upstream.deadline import total_timeout_s
+from gateway.upstream.retry import full_jitter_backoff_s
+
+
+async def open_with_failover(
+    state: GatewayState,
+    plan: Plan,
+    body: ParsedBody,
+    rec: RequestRecord,
+    trace: RequestTrace,
+    path: str,
+    timeout_s: float | None,
+) -> OpenedResponse:
+    """Try each pool of ``plan.chain`` at most ``retry.max_attempts`` times, each attempt on a
+    replica not tried yet, until one answers. ``timeout_s`` (from the request's headers) may
+    shorten the first pool's ``total_s``, which bounds the whole request.
+
+    Raises the last ``GatewayError`` (the engine's 4xx at once, never retried), an
+    ``UpstreamTimeout`` when the deadline expires, or ``NoHealthyReplica`` (503) when no pool
+    had a usable replica. Records ``rec.attempts``, ``rec.retries``, ``rec.fallback``,
+    ``rec.served_tier``, ``rec.replica``, ``rec.ttft_s`` and ``rec.queue_s``.
+    """
+    metrics = state.metrics
+    add_usage = body.stream and not body.client_wants_usage
+    payloads: dict[str, bytes] = {}
+    loop = asyncio.get_running_loop()
+    reasons: list[str] = [plan.reason] if plan.reason == "tier-unavailable" else []
+    rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
+    last: GatewayError | None = None
+    deadline: float | None = None
+    total_s = 0.0
+    last_reason = ""
+    previous_tier: str | None = None
+    # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
+    route = plan.route
+    if route is None:
+        route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
+    for pool in plan.chain:
+        if deadline is None:  # the first pool's total timeout bounds the whole request
+            total_s = total_timeout_s(pool.config.timeouts.total_s, timeout_s)
+            deadline = loop.time() + total_s
+        if previous_tier is not None:
+            metrics.record_fallback(plan.request.model_name, previous_tier, pool.tier)
+        previous_tier = pool.tier
+        served = pool.config.served_model_name
+        if served not in payloads:
+            payloads[served] = upstream_body(body, served, add_usage=add_usage)
+        pool.budget.record_request(loop.time())
+        tried: list[Replica] = []
+        for n in range(pool.config.retry.max_attempts):
+            replica = await pick_replica(pool, route, pool.usable(loop.time()), exclude=tried)
+            pause = 0.0
+            if replica is None and n > 0:
+                # Every replica tried. A short Retry-After from the last one that fits the
+                # deadline is honoured: wait for it and ask that replica again.
+                replica, pause = _honour_retry_after(last, tried, pool, loop.time(), deadline)
+            if replica is None:
+                reasons.append(f"{pool.tier}:{'replicas-exhausted' if n else 'no-usable-replica'}")
+                break
+            if n > 0:
+                # a refused connection cost the engine nothing: it does not spend the budget
+                if last_reason != "connect-error" and not pool.budget.try_acquire(loop.time()):
+                    reasons.append(f"{pool.tier}:retry-budget-exhausted")
+                    break
+                assert last is not None
+                if not pause and last.retry_after_s is None:
+                    # a Retry-After is that replica's alone: another replica goes at once
+                    pause = full_jitter_backoff_s(n, pool.config.retry)
+                if pause:
+                    if loop.time() + pause >= deadline:
+                        break
+                    await asyncio.sleep(pause)
+                reason = reasons[-1].split(":", 1)[1]
+                rec.retries.append(reason)
+                metrics.record_retry(pool, reason)
+            tried.append(replica)
+            rec.attempts += 1
+            if rec.queue_s is None:
+                rec.queue_s = time.monotonic() - rec.t_start
+            span = trace.attempt(
+                pool=pool.key,
+                tier=pool.tier,
+                replica=replica.safe_url,
+                model=served,
+                number=rec.attempts,
+                retry_reason=reasons[-1] if reasons else None,
+            )
+            attempt = Attempt(
+                pool=pool,
+                replica=replica,
+                payload=payloads[served],
+                path=path,
+                request_id=rec.request_id,
+                stream=body.stream,
+                deadline=deadline,
+                total_s=total_s,
+                extra_headers=span.headers(),
+            )
+            try:
+                opened = await open_attempt(state.upstream, attempt)
+            except RetryableFailure as f:
+                reasons.append(f"{pool.tier}:{f.reason}")
+                last, last_reason = f.error, f.reason
+                span.end(f.reason, status=f.error.status)
+                metrics.record_attempt(pool, f.reason)
+                if f.reason == "ttft-timeout":
+                    metrics.record_timeout(pool, "ttft")
+                elif f.reason == "connect-timeout":
+                    metrics.record_timeout(pool, "connect")
+                if f.replica_fault:
+                    pool.record_failure(replica, loop.time())
+                continue
+            except UpstreamTimeout as e:  # the total deadline: nothing more to try
+                span.end("total-timeout")
+                metrics.record_attempt(pool, "total-timeout")
+                metrics.record_timeout(pool, e.stage)
+                # not the replica's fault: the request's own deadline (a client's may be short)
+                rec.fallback = ",".join(reasons) or None
+                raise
+            except EngineClientError as e:
+                span.end("client-error", status=e.status)
+                metrics.record_attempt(pool, "client-error")
+                raise
+            except BaseException:
+                span.end("cancelled")
+                raise
+            pool.record_success(replica)
+            metrics.record_attempt(pool, "ok")
+            opened.span = span
+            rec.served_tier, rec.replica = pool.tier, replica.safe_url
+            rec.ttft_s = opened.ttft_s
+            if pool is not plan.chain[0] or plan.reason == "tier-unavailable":
+                rec.fallback = ",".join(reasons)
+            return opened
+        if loop.time() >= deadline:
+            break
+    rec.fallback = ",".join(reasons) or None
+    if last is None:
+        raise NoHealthyReplica(
+            f"no healthy replica for model {plan.request.model_name!r}", retry_after_s=1
+        )
+    raise last
+
+
+def _honour_retry_after(
+    last: GatewayError | None,
+    tried: list[Replica],
+    pool: Pool,
+    now: float,
+    deadline: float,
+) -> tuple[Replica | None, float]:
+    """``(replica, seconds to wait)`` when the last failure carried a ``Retry-After`` no longer
+    than ``retry.max_retry_after_s`` that ends before the deadline; else ``(None, 0)``."""
+    if last is None or last.retry_after_s is None or not tried:
+        return None, 0.0
+    wait = last.retry_after_s
+    if wait > pool.config.retry.max_retry_after_s or now + wait >= deadline:
+        return None, 0.0
+    replica = tried[-1]
+    if replica not in pool.usable(now + wait):
+        return None, 0.0
+    return replica, max(wait, 0.001)

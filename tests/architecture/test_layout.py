@@ -1,0 +1,128 @@
+"""The tree shows the architecture (layout issue): no import cycles among first-party modules
+(imports under ``TYPE_CHECKING`` and inside functions included), ``engines`` never imports
+``gateway``, every package names its public surface, and no module outgrows ~400 lines.
+
+Imports are read from the source (``ast``), not executed, so a cycle that only a type checker
+or a late import would follow still counts.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("gateway", "engines")
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name → file, for every first-party module."""
+    out: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """First-party modules ``name`` imports anywhere in its source (``from a.b import c``
+    counts ``a.b.c`` when that is a module, else ``a.b``)."""
+    found: set[str] = set()
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")
+                anchor = anchor if is_pkg else anchor[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                if sub in modules:
+                    found.add(sub)
+                elif base in modules:
+                    found.add(base)
+    found.discard(name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles_type_only_ones_included() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_detector_sees_a_type_only_cycle(tmp_path: Path) -> None:
+    """The checker itself: a cycle closed only under ``TYPE_CHECKING`` is found."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from x.y import Z\n")
+    assert _imports("x.m", src, {"x.y": src, "x.m": src}) == {"x.y"}
+
+
+def test_engines_never_import_gateway() -> None:
+    bad = {m: sorted(i for i in deps if i.split(".")[0] == "gateway")
+           for m, deps in _graph().items() if m.split(".")[0] == "engines"}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_every_package_names_its_public_surface() -> None:
+    missing = []
+    for pkg in PACKAGES:
+        for init in (ROOT / pkg).rglob("__init__.py"):
+            doc = ast.get_docstring(ast.parse(init.read_text()))
+            if not doc or len(doc) < 40:
+                missing.append(init.relative_to(ROOT).as_posix())
+    assert missing == []
+
+
+def test_no_module_over_400_lines() -> None:
+    long = {p.relative_to(ROOT).as_posix(): n for p in _modules().values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
