@@ -24,7 +24,8 @@ def _configure_logging(level: str) -> None:
 
 def bind_listener(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host``:``port`` (0: a port the kernel picks; read it back
-    with ``getsockname()``), IPv6 when ``host`` has a colon. Raises ``OSError`` when the
+    with ``getsockname()``), IPv6 when ``host`` has a colon. Clients connecting before the app
+    is up wait in the backlog (2048) rather than being refused. Raises ``OSError`` when the
     address is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -34,6 +35,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
+    sock.listen(2048)  # connections queue from now on, before the app has started
     sock.set_inheritable(True)
     return sock
 

@@ -1,6 +1,10 @@
 """Shared pieces of the benchmarks: request bodies, a lean closed-loop load generator,
 statistics, process start/stop and table printing.
 
+Servers started here (simulators, gateways) bind port 0 themselves and write the port they got
+to a port file (``--port 0 --port-file PATH``, see ``engines.procs``); no port is chosen free
+beforehand and bound later (a race another process can win on a busy machine).
+
 The load loop is closed: ``concurrency`` workers each send requests back to back until the
 window ends (no new request starts after it; the ones in flight are finished and counted).
 Every failure is counted by kind (``http 502``, ``ClientOSError``, ``no [DONE]``...) and never
@@ -11,20 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
-from gateway.demo import die_with_parent, stop_processes, wait_healthy
+from engines.procs import die_with_parent, stop_processes, wait_healthy, wait_port_file
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 # Read at most this much of a response to classify it; a chat completion here is far smaller.
@@ -201,44 +208,97 @@ def _child_setup(cpus: set[int] | None) -> Callable[[], None]:
     return setup
 
 
+@dataclass
+class Server:
+    """A child server started on port 0 with ``--port-file``: ``proc``; ``url``
+    (``http://host:port``) once :meth:`wait_port` or :meth:`wait_ready` returned."""
+
+    proc: subprocess.Popen
+    port_file: Path
+    host: str = "127.0.0.1"
+    url: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_port(self, timeout_s: float = 30.0) -> str:
+        """Block until the server wrote the port it bound; its URL. Raises ``RuntimeError`` if
+        it exits or ``timeout_s`` (seconds) pass."""
+        if not self.url:
+            try:
+                port = wait_port_file(self.port_file, self.proc, timeout_s)
+            finally:
+                shutil.rmtree(self.port_file.parent, ignore_errors=True)
+            self.url = f"http://{self.host}:{port}"
+        return self.url
+
+    def wait_ready(self, path: str = "/health", timeout_s: float = 30.0) -> str:
+        """:meth:`wait_port`, then poll ``url + path`` until 200; the URL. Raises
+        ``RuntimeError`` if the server exits or ``timeout_s`` (seconds, each wait) pass."""
+        url = self.wait_port(timeout_s)
+        wait_ready(url, self.proc, path, timeout_s)
+        return url
+
+
+def _spawn_server(
+    cmd: list[str],
+    cpus: set[int] | None,
+    stdout: Any = subprocess.DEVNULL,
+    stderr: Any = None,
+    env: dict[str, str] | None = None,
+) -> Server:
+    """Start ``cmd + ['--port-file', PATH]`` (``cmd`` asks for port 0) in its own process
+    group, dying with this process, pinned to ``cpus`` when given. Returns at once."""
+    port_file = Path(tempfile.mkdtemp(prefix="speedgate-bench-port-")) / "port"
+    try:
+        proc = subprocess.Popen(
+            [*cmd, "--port-file", str(port_file)],
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            preexec_fn=_child_setup(cpus),
+            env=env,
+        )
+    except BaseException:
+        shutil.rmtree(port_file.parent, ignore_errors=True)
+        raise
+    return Server(proc, port_file)
+
+
 def start_sim(
-    port: int,
     model: str,
     output_tokens: int,
     extra: tuple[str, ...] = (),
     cpus: set[int] | None = None,
-) -> subprocess.Popen:
-    """A zero-delay simulator (``--time-scale 0``) serving ``model`` on ``port``, in its own
-    process group (like ``gateway.demo.start_simulator``), optionally pinned to ``cpus``."""
+) -> Server:
+    """A zero-delay simulator (``--time-scale 0``) serving ``model`` on a port it binds itself
+    (``--port 0``, reported through a port file), in its own process group (like
+    ``engines.sim.spawn.spawn_simulator``), optionally pinned to ``cpus``. Returns at once:
+    start several, then call ``Server.wait_ready()`` on each (they boot in parallel)."""
     cmd = [
         sys.executable, "-m", "engines.sim",
         "--host", "127.0.0.1",
-        "--port", str(port),
+        "--port", "0",
         "--served-model-name", model,
         "--time-scale", "0",
         "--output-tokens", str(output_tokens),
         *extra,
     ]  # fmt: skip
-    return subprocess.Popen(
-        cmd,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        preexec_fn=_child_setup(cpus),
-    )
+    return _spawn_server(cmd, cpus)
 
 
-def start_gateway(
-    config_path: str, log_path: str, cpus: set[int] | None = None
-) -> subprocess.Popen:
-    """``python -m gateway serve -c config_path``, output to ``log_path``, own process group."""
+def start_gateway(config_path: str, log_path: str, cpus: set[int] | None = None) -> Server:
+    """``python -m gateway serve -c config_path --port 0`` (the port it binds is reported
+    through a port file), output to ``log_path``, own process group, optionally pinned to
+    ``cpus``. Returns at once; ``Server.wait_ready("/readyz")`` waits for it."""
     log = open(log_path, "wb")  # the child keeps its own descriptor; closed here below
     try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "-c", config_path],
+        return _spawn_server(
+            [sys.executable, "-m", "gateway", "serve", "-c", config_path, "--port", "0"],
+            cpus,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_child_setup(cpus),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
     finally:
@@ -257,25 +317,14 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def wait_ready(url: str, proc: subprocess.Popen, path: str, timeout_s: float = 30.0) -> None:
-    """Poll ``url + path`` until 200 (``wait_healthy`` with another path)."""
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + path, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url}{path} not ready after {timeout_s:.0f}s")
+    """Poll ``url + path`` until 200 (``engines.procs.wait_healthy`` with another path).
+    Raises ``RuntimeError`` if ``proc`` exits or ``timeout_s`` (seconds) pass."""
+    wait_healthy(url, proc, timeout_s, path)
 
 
 __all__ = [
     "Cell",
+    "Server",
     "aiohttp_request",
     "chat_body",
     "closed_loop",

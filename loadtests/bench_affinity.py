@@ -49,8 +49,9 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.demo import free_port, start_simulator, stop_processes, wait_healthy
-from loadtests._common import pct, start_gateway, wait_ready
+from engines.procs import stop_processes
+from engines.sim.spawn import spawn_simulator
+from loadtests._common import pct, start_gateway
 
 MODEL = "mymodel"
 POLICIES = ("round-robin", "least-loaded", "session-hash", "ours", "oracle")
@@ -185,9 +186,11 @@ async def workload(p: Params, targets: list[str]) -> Result:
     return res
 
 
-def gateway_config(port: int, sims: list[str], routing: dict[str, Any]) -> dict[str, Any]:
+def gateway_config(sims: list[str], routing: dict[str, Any]) -> dict[str, Any]:
+    """One pool of ``sims`` routed by ``routing``; port 0 (the gateway binds a free one and
+    reports it)."""
     return {
-        "server": {"port": port, "access_log": False, "log_level": "warning"},
+        "server": {"port": 0, "access_log": False, "log_level": "warning"},
         "health": {"interval_s": 1.0},
         "models": {MODEL: {"tiers": {"standard": {
             "served_model_name": MODEL, "endpoints": sims,
@@ -207,16 +210,14 @@ async def run_policy(policy: str, p: Params, sims: list[str], tmp: Path) -> dict
         if policy == "oracle":
             targets = sims
         else:
-            port = free_port()
             cfg_path = tmp / f"{policy}.yaml"
-            cfg_path.write_text(yaml.safe_dump(gateway_config(port, sims, ROUTING[policy])))
+            cfg_path.write_text(yaml.safe_dump(gateway_config(sims, ROUTING[policy])))
             gw = start_gateway(str(cfg_path), str(tmp / f"{policy}.log"))
-            targets = [f"http://127.0.0.1:{port}"]
-            wait_ready(targets[0], gw, "/readyz")
+            targets = [gw.wait_ready("/readyz")]
         res = await workload(p, targets)
     finally:
         if gw is not None:
-            stop_processes([gw])
+            stop_processes([gw.proc])
     async with aiohttp.ClientSession() as http:
         after = await scrape(http, sims)
     d = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
@@ -231,12 +232,11 @@ def run(p: Params, policies: list[str]) -> dict[str, dict[str, Any]]:
     args = ("--time-scale", str(p.time_scale), "--num-gpu-blocks", str(p.kv_blocks),
             "--max-model-len", str(p.kv_blocks * 16), "--output-tokens", str(p.max_tokens))
     try:
+        spawned = []
         for i in range(p.replicas):
-            port = free_port()
-            procs.append(start_simulator(port, "standard", p.time_scale, i, args))
-            sims.append(f"http://127.0.0.1:{port}")
-        for u, proc in zip(sims, procs, strict=True):
-            wait_healthy(u, proc)
+            spawned.append(spawn_simulator("standard", p.time_scale, i, args, MODEL))
+            procs.append(spawned[-1].proc)
+        sims.extend(s.wait_ready() for s in spawned)  # they boot in parallel
         with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp:
             return {pol: asyncio.run(run_policy(pol, p, sims, Path(tmp))) for pol in policies}
     finally:

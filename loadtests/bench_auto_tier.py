@@ -46,8 +46,9 @@ import aiohttp
 import orjson
 import yaml
 
-from gateway.demo import free_port, start_simulator, stop_processes, wait_healthy
-from loadtests._common import install_loop, pct, start_gateway, wait_ready
+from engines.procs import stop_processes
+from engines.sim.spawn import spawn_simulator
+from loadtests._common import install_loop, pct, start_gateway
 
 MODEL = "mymodel"
 MODES = ("standard", "fast", "auto")
@@ -211,9 +212,11 @@ async def drive(
     return cell
 
 
-def gateway_config(port: int, sims: dict[str, list[str]], seed: int) -> dict[str, Any]:
+def gateway_config(sims: dict[str, list[str]], seed: int) -> dict[str, Any]:
+    """Both pools (``sims``: URLs per tier), auto seeded with ``seed``; port 0 (the gateway
+    binds a free one and reports it)."""
     return {
-        "server": {"port": port, "access_log": False, "log_level": "warning"},
+        "server": {"port": 0, "access_log": False, "log_level": "warning"},
         "health": {"interval_s": 1.0},
         "models": {MODEL: {
             "auto": {"seed": seed},
@@ -276,23 +279,22 @@ def run(p: Params) -> dict[str, Any]:
     sims: dict[str, list[str]] = {"standard": [], "fast": []}
     args = ("--output-tokens", str(p.max_tokens))
     try:
+        spawned = []
         for tier, mode in (("standard", "standard"), ("fast", "speculative")):
             for i in range(p.replicas):
-                port = free_port()
-                procs.append(start_simulator(port, mode, p.time_scale, p.seed + i, args, MODEL))
-                sims[tier].append(f"http://127.0.0.1:{port}")
-        for u, proc in zip(sims["standard"] + sims["fast"], procs, strict=True):
-            wait_healthy(u, proc)
+                sim = spawn_simulator(mode, p.time_scale, p.seed + i, args, MODEL)
+                procs.append(sim.proc)
+                spawned.append((tier, sim))
+        for tier, sim in spawned:  # they boot in parallel; each reports the port it bound
+            sims[tier].append(sim.wait_ready())
         with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
             gws: dict[str, str] = {}
             for name in ("fixed", "auto"):
-                port = free_port()
                 cfg = Path(tmp) / f"{name}.yaml"
-                cfg.write_text(yaml.safe_dump(gateway_config(port, sims, p.seed)))
+                cfg.write_text(yaml.safe_dump(gateway_config(sims, p.seed)))
                 gw = start_gateway(str(cfg), str(Path(tmp) / f"{name}.log"))
-                procs.append(gw)
-                gws[name] = f"http://127.0.0.1:{port}"
-                wait_ready(gws[name], gw, "/readyz")
+                procs.append(gw.proc)
+                gws[name] = gw.wait_ready("/readyz")
             urls = {"standard": gws["fixed"], "fast": gws["fixed"], "auto": gws["auto"]}
             install_loop()
             res = asyncio.run(sweep(p, urls, sims))

@@ -40,7 +40,6 @@ import aiohttp
 import orjson
 import yaml
 
-from gateway.demo import free_port
 from loadtests._common import (
     chat_body,
     cpu_seconds,
@@ -50,8 +49,6 @@ from loadtests._common import (
     start_gateway,
     start_sim,
     stop_processes,
-    wait_healthy,
-    wait_ready,
 )
 
 MODEL = "cap"
@@ -214,29 +211,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sims = []
         for _ in range(args.sims):
-            port = free_port()
-            proc = start_sim(port, MODEL, args.tokens)
-            procs.append(proc)
-            sims.append((f"http://127.0.0.1:{port}", proc))
-        for url, proc in sims:
-            wait_healthy(url, proc)
-        gw_port = free_port()
+            sim = start_sim(MODEL, args.tokens)
+            procs.append(sim.proc)
+            sims.append(sim)
+        sim_urls = [sim.wait_ready() for sim in sims]  # they boot in parallel
         timeouts = {"connect_s": 5, "ttft_s": 60, "stall_s": 60, "total_s": 3600}
         cfg = {
-            "server": {"host": "127.0.0.1", "port": gw_port, "log_level": "warning",
+            "server": {"host": "127.0.0.1", "port": 0, "log_level": "warning",
                        "access_log": False, "workers": 1},
             "health": {"enabled": True, "interval_s": 2, "timeout_s": 2},
             "models": {MODEL: {"tiers": {"standard": {
-                "served_model_name": MODEL, "endpoints": [u for u, _ in sims],
+                "served_model_name": MODEL, "endpoints": sim_urls,
                 "timeouts": timeouts}}}},
         }  # fmt: skip
         cfg_path = Path(tmp.name) / "gateway.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         log_path = Path(tmp.name) / "gateway.log"
         gw = start_gateway(str(cfg_path), str(log_path))
-        procs.append(gw)
-        gw_url = f"http://127.0.0.1:{gw_port}"
-        wait_ready(gw_url, gw, "/readyz")
+        procs.append(gw.proc)
+        gw_url = gw.wait_ready("/readyz")
         res = asyncio.run(run(args, gw_url, gw.pid))
         log = log_path.read_text(errors="replace")
         res["gateway_log_problem_lines"] = sum(

@@ -36,7 +36,6 @@ import aiohttp
 import httpcore
 import httpx
 
-from gateway.demo import free_port
 from loadtests._common import (
     JSON_HEADERS,
     Cell,
@@ -50,7 +49,6 @@ from loadtests._common import (
     raise_on_sigterm,
     start_sim,
     stop_processes,
-    wait_healthy,
 )
 
 MODEL = "bench"
@@ -214,10 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     raise_on_sigterm()
     procs = []
     try:
-        port = free_port()
-        procs.append(start_sim(port, MODEL, args.output_tokens))
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, procs[0])
+        sim = start_sim(MODEL, args.output_tokens)
+        procs.append(sim.proc)
+        url = sim.wait_ready()
         result = asyncio.run(run_all(args, url + "/v1/chat/completions"))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

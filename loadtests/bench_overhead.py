@@ -50,7 +50,6 @@ from typing import Any
 
 import yaml
 
-from gateway.demo import free_port
 from loadtests._common import (
     Cell,
     aiohttp_request,
@@ -65,8 +64,6 @@ from loadtests._common import (
     start_gateway,
     start_sim,
     stop_processes,
-    wait_healthy,
-    wait_ready,
 )
 
 MODEL = "bench"
@@ -98,28 +95,27 @@ class Bench:
                 raise RuntimeError("--pin needs at least 2 usable CPUs")
             self.loadgen_cpus, self.server_cpus = {cpus[0]}, set(cpus[1:])
             os.sched_setaffinity(0, self.loadgen_cpus)
-        port = free_port()
-        sim = start_sim(port, MODEL, a.output_tokens, cpus=self.server_cpus)
-        self.procs.append(sim)
-        self.sim_url = f"http://127.0.0.1:{port}"
-        models: dict[str, Any] = {MODEL: self._model(MODEL, self.sim_url)}
-        waits = [(self.sim_url, sim)]
+        sim = start_sim(MODEL, a.output_tokens, cpus=self.server_cpus)
+        self.procs.append(sim.proc)
+        sims = [sim]
+        large = None
         if a.body_mib > 0:
             max_len = int(a.body_mib * 1024 * 1024 / 3) + 4096  # ~5.7 chars/token in practice
             extra = ("--max-model-len", str(max_len), "--num-gpu-blocks", str(max_len // 16 + 64))
-            port = free_port()
-            large = start_sim(port, LARGE_MODEL, 16, extra, cpus=self.server_cpus)
-            self.procs.append(large)
-            self.large_sim_url = f"http://127.0.0.1:{port}"
+            large = start_sim(LARGE_MODEL, 16, extra, cpus=self.server_cpus)
+            self.procs.append(large.proc)
+            sims.append(large)
+        for srv in sims:  # they boot in parallel; each reports the port it bound
+            srv.wait_ready()
+        self.sim_url = sim.url
+        models: dict[str, Any] = {MODEL: self._model(MODEL, self.sim_url)}
+        if large is not None:
+            self.large_sim_url = large.url
             models[LARGE_MODEL] = self._model(LARGE_MODEL, self.large_sim_url)
-            waits.append((self.large_sim_url, large))
-        for url, proc in waits:
-            wait_healthy(url, proc)
-        gw_port = free_port()
         cfg = {
             "server": {
                 "host": "127.0.0.1",
-                "port": gw_port,
+                "port": 0,  # the gateway binds a free port itself and reports it
                 "max_body_bytes": max(64, int(a.body_mib * 2) + 1) * 1024 * 1024,
                 "log_level": "info" if a.access_log else "warning",
                 "access_log": bool(a.access_log),
@@ -130,11 +126,10 @@ class Bench:
         cfg_path = Path(self.tmp.name) / "gateway.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         gw = start_gateway(str(cfg_path), str(self.log_path), cpus=self.server_cpus)
-        self.procs.append(gw)
+        self.procs.append(gw.proc)
         self.gw_pid = gw.pid
-        self.gw_url = f"http://127.0.0.1:{gw_port}"
         try:
-            wait_ready(self.gw_url, gw, "/readyz")
+            self.gw_url = gw.wait_ready("/readyz")
         except RuntimeError as e:
             raise RuntimeError(f"{e}\ngateway log:\n{self.gateway_log()}") from None
 

@@ -37,6 +37,10 @@ gateway with py-spy during the run (``DIR/gateway.pyspy.txt``, collapsed stacks,
 sampling still costs CPU: do not read the race figures of a profiled run). If LiteLLM cannot
 be installed or started, the script exits with status 3 and says why (the error text).
 
+Ports: the simulator and speedgate bind port 0 and report the port they got. LiteLLM cannot
+report its port, so it is started on a port found free just before and, if another process
+took that port meanwhile ("address already in use"), started again on a fresh one (3 tries).
+
 Run (defaults take about 4 minutes)::
 
     .venv/bin/python -m loadtests.bench_race
@@ -62,7 +66,7 @@ from typing import Any
 import orjson
 import yaml
 
-from gateway.demo import die_with_parent, free_port
+from engines.procs import die_with_parent, free_port
 from loadtests._common import (
     Cell,
     aiohttp_request,
@@ -84,6 +88,7 @@ MODES = ("non-stream", "stream")
 LITELLM_KEY = "sk-bench-race"
 IDLE_LEAVES = ("Runner.run (asyncio/runners.py", "_worker (concurrent/futures/thread.py")
 DEFAULT_VENV = Path(__file__).resolve().parent / ".venv-litellm"
+LITELLM_START_TRIES = 3  # each on a fresh port, when the last one was taken meanwhile
 
 
 class LiteLLMError(RuntimeError):
@@ -126,7 +131,6 @@ class Race(Bench):
         os.environ["SPEEDGATE_SERVER__WORKERS"] = str(self.args.workers)
         super().start()  # simulator + speedgate, pinning
         exe = ensure_litellm(Path(self.args.litellm_venv))
-        port = free_port()
         cfg = {
             "model_list": [{
                 "model_name": MODEL,
@@ -151,21 +155,33 @@ class Race(Bench):
             if cpus:
                 os.sched_setaffinity(0, cpus)
 
-        with self.ll_log.open("wb") as log:
-            proc = subprocess.Popen(
-                [str(exe), "--config", str(cfg_path), "--host", "127.0.0.1", "--port", str(port),
-                 "--num_workers", str(self.args.workers)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=setup,
-                env=env, cwd=self.tmp.name,
-            )
-        self.procs.append(proc)
-        self.ll_pid = proc.pid
-        self.ll_url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(self.ll_url, proc, "/health/liveliness", timeout_s=180)
-        except RuntimeError as e:
-            tail = self.litellm_log()[-3000:]
-            raise LiteLLMError(f"LiteLLM proxy did not start: {e}\n{tail}") from None
+        # LiteLLM's proxy binds --port 0 but never says which port it got (its log is at
+        # LITELLM_LOG=ERROR), so it gets a port found free here; when another process took that
+        # port before LiteLLM bound it ("address already in use"), it starts again on a fresh
+        # one, LITELLM_START_TRIES times at most.
+        for attempt in range(1, LITELLM_START_TRIES + 1):
+            port = free_port()
+            with self.ll_log.open("wb") as log:
+                proc = subprocess.Popen(
+                    [str(exe), "--config", str(cfg_path), "--host", "127.0.0.1",
+                     "--port", str(port), "--num_workers", str(self.args.workers)],
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=setup, env=env, cwd=self.tmp.name,
+                )
+            self.procs.append(proc)
+            self.ll_pid = proc.pid
+            self.ll_url = f"http://127.0.0.1:{port}"
+            try:
+                wait_ready(self.ll_url, proc, "/health/liveliness", timeout_s=180)
+                break
+            except RuntimeError as e:
+                stop_processes([proc])
+                text = self.litellm_log()
+                if attempt < LITELLM_START_TRIES and "address already in use" in text.lower():
+                    self.procs.remove(proc)
+                    _progress(self.args, f"  LiteLLM: port {port} taken meanwhile, retrying")
+                    continue
+                raise LiteLLMError(f"LiteLLM proxy did not start: {e}\n{text[-3000:]}") from None
         if self.args.profile:
             self.start_profiler(Path(self.args.profile))
 

@@ -45,11 +45,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from prometheus_client import CollectorRegistry
 
 from gateway.common.usage import Usage
-from gateway.config import Prices, load_config
+from gateway.config import Prices, TelemetryConfig, load_config
 from gateway.routing.pools import PoolRegistry
 from gateway.telemetry.access_log import format_json
 from gateway.telemetry.cost import cost_usd
-from gateway.telemetry.metrics import (
+from gateway.telemetry.histograms import (
     DURATION_BUCKETS,
     ITL_BUCKETS,
     QUEUE_BUCKETS,
@@ -57,11 +57,11 @@ from gateway.telemetry.metrics import (
     TPOT_BUCKETS,
     TTFT_BUCKETS,
     GapTimer,
-    GatewayMetrics,
 )
+from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.otlp_metrics import OtlpMetricsBridge
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tracing import Telemetry, TelemetryConfig
+from gateway.telemetry.tracing import Telemetry
 
 TRACEPARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 PRICES = Prices(input_per_mtok_usd=1.0, cached_input_per_mtok_usd=0.1, output_per_mtok_usd=2.0)

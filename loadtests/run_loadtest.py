@@ -49,14 +49,12 @@ from typing import Any
 
 import yaml
 
-from gateway.demo import free_port, start_simulator
+from engines.sim.spawn import spawn_simulator
 from loadtests._common import (
     pct,
     raise_on_sigterm,
     start_gateway,
     stop_processes,
-    wait_healthy,
-    wait_ready,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -66,7 +64,7 @@ SIM_ARGS = ("--max-model-len", "1048576", "--num-gpu-blocks", "70000")
 
 
 class CpuStack:
-    """Simulators per tier and a gateway process, on free localhost ports."""
+    """Simulators per tier and a gateway process, on localhost ports each binds itself."""
 
     def __init__(self, replicas: int, time_scale: float, access_log: bool, workdir: Path) -> None:
         self.replicas, self.time_scale, self.access_log = replicas, time_scale, access_log
@@ -81,20 +79,17 @@ class CpuStack:
         waits = []
         for tier, mode in (("standard", "standard"), ("fast", "speculative")):
             for _ in range(self.replicas):
-                port = free_port()
-                p = start_simulator(port, mode, self.time_scale, seed, SIM_ARGS)
-                self.procs.append(p)
-                self.sims[tier].append(f"http://127.0.0.1:{port}")
-                waits.append((self.sims[tier][-1], p))
+                sim = spawn_simulator(mode, self.time_scale, seed, SIM_ARGS, model=MODEL)
+                self.procs.append(sim.proc)
+                waits.append((tier, sim))
                 seed += 1
-        for url, p in waits:
-            wait_healthy(url, p)
-        port = free_port()
+        for tier, sim in waits:  # they boot in parallel; each reports the port it bound
+            self.sims[tier].append(sim.wait_ready())
         timeouts = {"connect_s": 2, "ttft_s": 60, "stall_s": 30, "total_s": 600}
         cfg = {
             "server": {
                 "host": "127.0.0.1",
-                "port": port,
+                "port": 0,  # the gateway binds a free port itself and reports it
                 "log_level": "info" if self.access_log else "warning",
                 "access_log": self.access_log,
             },
@@ -115,10 +110,9 @@ class CpuStack:
         cfg_path = self.workdir / "gateway.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         gw = start_gateway(str(cfg_path), str(self.log_path))
-        self.procs.append(gw)
-        self.url = f"http://127.0.0.1:{port}"
+        self.procs.append(gw.proc)
         try:
-            wait_ready(self.url, gw, "/readyz")
+            self.url = gw.wait_ready("/readyz")
         except RuntimeError as e:
             raise RuntimeError(f"{e}\ngateway log:\n{self.log()}") from None
         return self.url

@@ -2,8 +2,9 @@
 ``openai`` client: every engine contract the gateway relies on (DESIGN §4) proven against the real
 engine, so a vLLM upgrade that changes one breaks this suite and not users.
 
-The model's text is gibberish (random weights); the tests check shapes, counts and routing, not
-content. ``ignore_eos`` (a vLLM extra the gateway forwards untouched) makes output lengths exact.
+The model's weights are scripted to repeat one sentence (``engines.vllm.tinymodel``), the same on
+every CPU; the tests check shapes, counts and routing, and that sentence. ``ignore_eos`` (a vLLM
+extra the gateway forwards untouched) makes output lengths exact.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from openai import OpenAI
 
 from engines.vllm.launcher import CPU_BLOCK_SIZE
+from engines.vllm.tinymodel import CYCLE_TEXT
 from gateway.demo import MODEL, demo_config
 from tests.integration_vllm.stack import GHOST, VllmStack, scrape
 
@@ -141,14 +143,29 @@ def test_stream_with_include_usage(client: OpenAI) -> None:
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_ci_any_machine_scripted_model_answers_the_same_everywhere(client: OpenAI) -> None:
+    """The tiny model's weights are scripted (``engines.vllm.tinymodel``): whatever the CPU, it
+    answers the cycle text and stops at its end-of-sequence token; with ``ignore_eos`` the
+    cycle repeats, so the fast tier's ngram drafter has n-grams to propose."""
+    r = client.chat.completions.create(model=MODEL, messages=_user("Hello there"), max_tokens=64)
+    assert r.choices[0].message.content.strip() == CYCLE_TEXT.strip()
+    assert r.choices[0].finish_reason == "stop"
+    sampled = client.chat.completions.create(  # temperature 1: the margin makes it certain
+        model=MODEL, messages=_user("Hi"), max_tokens=64, temperature=1.0, seed=7)
+    assert sampled.choices[0].message.content.strip() == CYCLE_TEXT.strip()
+    looped = client.completions.create(model=MODEL, prompt="x", max_tokens=60,
+                                       extra_body={**IGNORE_EOS, "temperature": 0})
+    assert looped.choices[0].text.count(CYCLE_TEXT.strip().split()[-1]) >= 2
+
+
 def test_tier_selection_proven_by_spec_decode_counters(
     client: OpenAI, vllm_stack: VllmStack
 ) -> None:
     """``mymodel-fast`` is served by the ngram-speculative replica: its draft counter moves and
     the standard replica generates nothing; the default model goes the other way."""
     names = (DRAFTS, ACCEPTED, GEN_TOKENS)
-    # Greedy decoding of a random model falls into loops, where ngram prompt lookup proposes
-    # drafts (and the target accepts them): drafts and acceptances prove the speculative tier.
+    # The scripted model repeats its cycle (ignore_eos) on every CPU, so ngram prompt lookup
+    # proposes drafts and the target accepts them: drafts and acceptances prove the tier.
     repetitive = "hello hello hello hello"
     greedy = {**IGNORE_EOS, "temperature": 0}
     std0, fast0 = scrape(vllm_stack.standard, names), scrape(vllm_stack.fast, names)

@@ -15,13 +15,13 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from gateway.common.usage import Usage
-from gateway.config import load_config
+from gateway.config import TelemetryConfig, load_config
 from gateway.routing.pools import PoolRegistry
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.otlp_metrics import convert, otel_name
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tracing import Telemetry, TelemetryConfig
+from gateway.telemetry.tracing import Telemetry
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
