@@ -30,6 +30,9 @@ from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
 from gateway.asgi import Scope, send_error
 from gateway.config import GatewayConfig, load_config
+from gateway.console.recorder import ConsoleRecorder
+from gateway.console.routes import install_console
+from gateway.console.state import ConsoleSources
 from gateway.errors import GatewayError
 from gateway.handler import CompletionsEndpoint
 from gateway.plan.auto.service import AutoTier
@@ -139,6 +142,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     gate = Gate(config)  # API keys (read here: a bad keys_file fails at startup), rate limits
     auto = AutoTier(config, pools)  # the auto tier's live estimates (issue 10)
     metrics.registry.register(auto.collector())
+    console = ConsoleRecorder(config.console) if config.console.enabled else None  # issue 19
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -151,6 +155,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         )
         state = GatewayState(config, models, pools, upstream, health, metrics, telemetry, usage)
         state.auto = auto
+        state.console = console
         holder["state"] = state
         app.state.gateway = state
         routing = RoutingService(config, pools, upstream)
@@ -334,6 +339,13 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         err = GatewayError(str(exc), status=400, type="invalid_request_error")
         return Response(err.to_bytes(), status_code=400, media_type="application/json")
+
+    if console is not None:  # GET /console, /v1/console/state and the / redirect
+        install_console(app, ConsoleSources(
+            config, pools, console, auto,
+            degraded=lambda: "service" in routing_ref and routing_ref["service"].degraded,
+            auth_enabled=gate.enabled,
+        ), gate)
 
     app.add_middleware(RequestIdMiddleware)
     return SpeedgateApp(app, hot, config.server.max_header_bytes)

@@ -61,6 +61,8 @@ def _banner(host: str, port: int, standard: list[str], fast: list[str]) -> str:
     base = f"http://{host}:{port}"
     return f"""
 speedgate demo: gateway on {base}
+  API:     {base}/v1   (OpenAI-compatible)
+  console: {base}/console   (live pools, tiers, sessions; open it in a browser)
   standard pool: {", ".join(standard)}
   fast pool (speculative decoding): {", ".join(fast)}
 

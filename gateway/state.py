@@ -15,13 +15,15 @@ from gateway.upstream.client import Upstream
 from gateway.upstream.health import HealthChecker
 
 if TYPE_CHECKING:
+    from gateway.console.recorder import ConsoleRecorder
     from gateway.plan.auto.service import AutoTier
 
 
 @dataclass(slots=True)
 class GatewayState:
     """Everything a request needs: config, name index, pools, upstream client, health probes,
-    metrics, traces and the usage totals store; ``auto``: the auto tier's live estimates."""
+    metrics, traces and the usage totals store; ``auto``: the auto tier's live estimates;
+    ``console``: the console's live windows (None when the console is disabled)."""
 
     config: GatewayConfig
     models: ModelIndex
@@ -32,3 +34,4 @@ class GatewayState:
     telemetry: Telemetry
     usage: UsageStore
     auto: AutoTier | None = None
+    console: ConsoleRecorder | None = None

@@ -7,15 +7,18 @@ empty pools, bad URLs, unknown tiers and cyclic fallback chains fail at load wit
 ``ConfigError`` whose message names the field (pydantic's ``loc``).
 
 The schema is split by scope (``base``: tier names; ``pool``: an engine pool and a model;
-``server``: process-wide sections; ``telemetry``; ``load``: the whole ``GatewayConfig`` and
-``load_config``); callers import every model from ``gateway.config``. No config model is defined
-outside this package.
+``server``: process-wide sections; ``telemetry``; ``console``; ``load``: the whole
+``GatewayConfig`` and ``load_config``); callers import every model from ``gateway.config``. No
+config model is defined outside this package.
 """
 
 from gateway.config.base import (
     TIERS,
     Tier,
     TierChoice,
+)
+from gateway.config.console import (
+    ConsoleConfig,
 )
 from gateway.config.load import (
     ConfigError,
@@ -54,6 +57,7 @@ __all__ = [
     "AuthConfig",
     "AutoConfig",
     "ConfigError",
+    "ConsoleConfig",
     "DnsDiscoveryConfig",
     "GatewayConfig",
     "HealthConfig",

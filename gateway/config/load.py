@@ -19,6 +19,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from gateway.config.console import ConsoleConfig
 from gateway.config.pool import ModelConfig
 from gateway.config.server import (
     AuthConfig,
@@ -48,6 +49,7 @@ class GatewayConfig(BaseSettings):
     state: StateConfig = StateConfig()
     auth: AuthConfig = AuthConfig()
     rate_limits: RateLimitConfig = RateLimitConfig()
+    console: ConsoleConfig = ConsoleConfig()
     models: dict[str, ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

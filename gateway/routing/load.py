@@ -28,16 +28,21 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts"  # counters (samples end in _total)
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+PREFIX_QUERIES = "vllm:prefix_cache_queries"  # counters of prompt tokens (the console's hit rate)
+PREFIX_HITS = "vllm:prefix_cache_hits"
 # sample name -> value name (counter samples carry _total; matched by sample, so an exposition
 # without # TYPE lines parses too)
 _SAMPLES = {RUNNING: RUNNING, WAITING: WAITING, KV_USAGE: KV_USAGE,
-            SPEC_DRAFTS + "_total": SPEC_DRAFTS, SPEC_ACCEPTED + "_total": SPEC_ACCEPTED}
+            **{c + "_total": c for c in (SPEC_DRAFTS, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS,
+                                         PREFIX_QUERIES, PREFIX_HITS)}}
 
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
-    """Sum of the samples of running, waiting, KV usage (max for usage) and the speculative
-    decoding counters (drafts, accepted tokens) in a Prometheus text exposition; metrics that
-    are missing are absent from the result."""
+    """Sum of the samples of running, waiting, KV usage (max for usage), the speculative
+    decoding counters (drafts, draft tokens, accepted tokens) and the prefix-cache counters
+    (queried and hit prompt tokens) in a Prometheus text exposition; metrics that are missing
+    are absent from the result."""
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         if not fam.name.startswith("vllm:"):
@@ -60,6 +65,9 @@ def apply_engine_metrics(replica: Replica, values: dict[str, float], now: float)
     replica.kv_cache_usage = float(values.get(KV_USAGE, 0.0))
     replica.spec_drafts = values.get(SPEC_DRAFTS, 0.0)
     replica.spec_accepted = values.get(SPEC_ACCEPTED, 0.0)
+    replica.spec_draft_tokens = values.get(SPEC_DRAFT_TOKENS, 0.0)
+    replica.prefix_queries = values.get(PREFIX_QUERIES, 0.0)
+    replica.prefix_hits = values.get(PREFIX_HITS, 0.0)
     replica.engine_load_at = now
 
 

@@ -46,6 +46,9 @@ class Replica:
     kv_cache_usage: float = 0.0
     spec_drafts: float = 0.0  # vllm:spec_decode_num_drafts, cumulative
     spec_accepted: float = 0.0  # vllm:spec_decode_num_accepted_tokens, cumulative
+    spec_draft_tokens: float = 0.0  # vllm:spec_decode_num_draft_tokens, cumulative
+    prefix_queries: float = 0.0  # vllm:prefix_cache_queries (prompt tokens), cumulative
+    prefix_hits: float = 0.0  # vllm:prefix_cache_hits (prompt tokens), cumulative
     engine_load_at: float = 0.0
 
     def __post_init__(self) -> None:

@@ -61,6 +61,11 @@ async def account(
             state.auto.observe(rec)
         except Exception:
             log.exception("auto-tier estimate not updated for request %s", rec.request_id)
+    if state.console is not None:  # the console's live windows (gateway.console)
+        try:
+            state.console.observe(rec)
+        except Exception:
+            log.exception("console windows not updated for request %s", rec.request_id)
     trace.finish(rec)
     if state.config.server.access_log:
         log_access(rec, state.config.telemetry.access_log_format)

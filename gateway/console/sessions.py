@@ -1,0 +1,164 @@
+"""The sessions this gateway process served lately, for the console's "most active" and "most
+expensive" tables. Bounded: at most ``max_sessions`` entries, the least recently seen dropped
+first (an LRU), O(1) per request.
+
+A session is an ``x-session-id`` within one API key (the pair names it, as routing and
+``/v1/usage`` scope sessions by key). Per session: turns (requests), errors, tokens (prompt,
+of which cached, and completion), cost (USD), requests per served tier, and two
+exponentially decayed rates with half-life ``half_life_s``: requests per minute and USD per
+hour. A decayed count ``c = Σ 2^(−age/h)`` of events arriving at a steady rate ``r`` tends to
+``r·h/ln 2``, so the rate read is ``c·ln 2/h`` (the same estimator as an EWMA of the rate,
+e.g. Unix load averages); it falls back to 0 as a session goes quiet, which is what "now"
+means in the console. Totals count only what this process served since it first saw the
+session; ``GET /v1/usage`` has the totals of every gateway replica.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Half-life of the sessions' request and cost rates (seconds).
+HALF_LIFE_S = 60.0
+#: Characters of a session id kept (a client's header; longer ids are cut, marked with …).
+MAX_ID_CHARS = 128
+
+
+def clip_id(session_id: str | None) -> str | None:
+    """``session_id`` cut to ``MAX_ID_CHARS`` characters (the last one ``…`` when cut)."""
+    if session_id is None or len(session_id) <= MAX_ID_CHARS:
+        return session_id
+    return session_id[: MAX_ID_CHARS - 1] + "…"
+
+
+@dataclass(slots=True)
+class SessionStats:
+    """One session's totals at this gateway process; times monotonic seconds."""
+
+    key_id: str | None
+    session_id: str
+    first_seen: float
+    last_seen: float
+    turns: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    tiers: dict[str, int] = field(default_factory=dict)
+    _activity: float = 0.0  # decayed requests at ``last_seen``
+    _spend: float = 0.0  # decayed USD at ``last_seen``
+
+    def _decay(self, now: float, half_life_s: float) -> float:
+        return 2.0 ** (-max(0.0, now - self.last_seen) / half_life_s)
+
+    def requests_per_min(self, now: float, half_life_s: float = HALF_LIFE_S) -> float:
+        """Decayed request rate at ``now`` (requests per minute)."""
+        return self._activity * self._decay(now, half_life_s) * math.log(2) / half_life_s * 60
+
+    def usd_per_hour(self, now: float, half_life_s: float = HALF_LIFE_S) -> float:
+        """Decayed spending rate at ``now`` (USD per hour)."""
+        return self._spend * self._decay(now, half_life_s) * math.log(2) / half_life_s * 3600
+
+    def to_dict(
+        self, now: float, wall_now: float, half_life_s: float = HALF_LIFE_S
+    ) -> dict[str, Any]:
+        """The console's row: ids, turns, tokens, cached share (0..1 of prompt tokens), cost
+        (USD), rates, per-tier turns, first/last seen (unix s)."""
+        return {
+            "session_id": self.session_id,
+            "key_id": self.key_id,
+            "turns": self.turns,
+            "errors": self.errors,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_share": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
+            "cost_usd": round(self.cost_usd, 9),
+            "requests_per_min": round(self.requests_per_min(now, half_life_s), 4),
+            "usd_per_hour": round(self.usd_per_hour(now, half_life_s), 9),
+            "tiers": dict(self.tiers),
+            "first_seen": wall_now - (now - self.first_seen),
+            "last_seen": wall_now - (now - self.last_seen),
+        }
+
+
+class SessionTable:
+    """At most ``max_sessions`` sessions, least recently seen evicted first."""
+
+    def __init__(self, max_sessions: int, half_life_s: float = HALF_LIFE_S) -> None:
+        self.max_sessions = max_sessions
+        self.half_life_s = half_life_s
+        self._by_id: OrderedDict[tuple[str | None, str], SessionStats] = OrderedDict()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def observe(
+        self,
+        key_id: str | None,
+        session_id: str,
+        now: float,
+        *,
+        tier: str | None,
+        ok: bool,
+        prompt: int = 0,
+        cached: int = 0,
+        completion: int = 0,
+        cost_usd: float = 0.0,
+    ) -> SessionStats:
+        """Count one finished request of the session at ``now`` (monotonic s)."""
+        session_id = clip_id(session_id) or ""
+        k = (key_id, session_id)
+        s = self._by_id.get(k)
+        if s is None:
+            s = SessionStats(key_id, session_id, now, now)
+            self._by_id[k] = s
+            if len(self._by_id) > self.max_sessions:
+                self._by_id.popitem(last=False)
+                self.evicted += 1
+        else:
+            self._by_id.move_to_end(k)
+            f = s._decay(now, self.half_life_s)
+            s._activity *= f
+            s._spend *= f
+            s.last_seen = max(s.last_seen, now)
+        s.turns += 1
+        s.errors += 0 if ok else 1
+        s.prompt_tokens += prompt
+        s.cached_tokens += cached
+        s.completion_tokens += completion
+        s.cost_usd += cost_usd
+        s._activity += 1.0
+        s._spend += cost_usd
+        if tier:
+            s.tiers[tier] = s.tiers.get(tier, 0) + 1
+        return s
+
+    def active(self, now: float, within_s: float) -> list[SessionStats]:
+        """Sessions seen in the last ``within_s`` seconds, most recent first."""
+        out = []
+        for s in reversed(self._by_id.values()):
+            if now - s.last_seen > within_s:
+                break  # LRU order: everything older follows
+            out.append(s)
+        return out
+
+    def top(self, now: float, within_s: float, n: int, by: str) -> list[SessionStats]:
+        """The ``n`` sessions active within ``within_s`` with the highest ``by``:
+        ``requests_per_min`` (most active) or ``usd_per_hour`` (most expensive now); ties by
+        total turns / cost."""
+        active = self.active(now, within_s)
+        if by == "requests_per_min":
+            return heapq.nlargest(
+                n, active, key=lambda s: (s.requests_per_min(now, self.half_life_s), s.turns)
+            )
+        if by == "usd_per_hour":
+            return heapq.nlargest(
+                n, active, key=lambda s: (s.usd_per_hour(now, self.half_life_s), s.cost_usd)
+            )
+        raise ValueError(f"unknown ranking {by!r}")

@@ -1,0 +1,307 @@
+"""The JSON document of ``GET /v1/console/state``: what the pools, tiers and sessions are doing
+now. Built on demand from the live objects (``build_state``); nothing here runs per request.
+
+Units: seconds (``*_s``), unix seconds for points in time (``generated_at``, ``t``,
+``ejected_until``, ``first_seen``…), tokens, USD (``*_usd``, ``usd_per_hour``), shares and rates
+in 0..1. Figures over "the window" cover the last ``window_s`` seconds (``covered_s`` says how
+much of it the process has been up for); chart series have one point per ``step_s`` bucket.
+Never in it: prompt or completion text, API keys, URL credentials (replica URLs are redacted).
+Top-level keys: ``object`` (``console.state``), ``version``, ``generated_at``, ``window_s``,
+``step_s``, ``covered_s``, ``refresh_s``, ``gateway``, ``models``, ``sessions``, ``cost``,
+``incidents``; the README's Console section describes each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config import GatewayConfig
+from gateway.console.engine import EngineRates
+from gateway.console.recorder import ConsoleRecorder
+from gateway.console.window import PoolStep
+from gateway.plan.auto.service import AutoTier, pool_load
+from gateway.routing.load import replica_load
+from gateway.routing.pools import Pool, PoolRegistry, Replica
+
+VERSION = 1
+#: Engine load older than this many scrape intervals is stale (``gateway.routing.load``).
+STALE_SCRAPES = 3
+
+
+@dataclass(slots=True)
+class ConsoleSources:
+    """The live objects the state is read from, and the clocks (monotonic and unix seconds;
+    injected in tests)."""
+
+    config: GatewayConfig
+    pools: PoolRegistry
+    recorder: ConsoleRecorder
+    auto: AutoTier | None = None
+    engine: EngineRates = field(default_factory=EngineRates)
+    degraded: Callable[[], bool] = lambda: False
+    auth_enabled: bool = False
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+
+
+def _r(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def build_state(src: ConsoleSources, window_s: float | None = None) -> dict[str, Any]:
+    """The console document. ``window_s`` (optional) narrows the summary figures to the last
+    ``window_s`` seconds (rounded to whole steps, at most the configured window); charts always
+    span the whole window."""
+    now, wall = src.clock(), src.wall()
+    rec = src.recorder
+    steps = rec.steps_for(window_s)
+    covered = rec.covered_s(now, steps)
+    src.engine.sample(src.pools.replicas())
+    models = [_model(src, name, now, wall, steps, covered) for name in src.config.models]
+    ready = all(any(p["healthy"] for p in m["pools"]) for m in models)
+    outcomes = rec.outcome_counts(now, steps)
+    return {
+        "object": "console.state",
+        "version": VERSION,
+        "generated_at": wall,
+        "window_s": steps * rec.step_s,
+        "step_s": rec.step_s,
+        "covered_s": _r(covered, 3),
+        "refresh_s": rec.config.refresh_s,
+        "gateway": {
+            "status": ("degraded" if src.degraded() else "ready") if ready else "not_ready",
+            "auth_enabled": src.auth_enabled,
+            "pid": os.getpid(),
+            "uptime_s": _r(now - rec.started, 3),
+            "requests": {k: outcomes.get(k, 0) for k in ("ok", "error", "client_error",
+                                                         "disconnect")},
+            "requests_observed": rec.observed,
+        },
+        "models": models,
+        "sessions": _sessions(src, now, wall),
+        "cost": _cost(models),
+        "incidents": _incidents(rec, now, wall, steps),
+    }
+
+
+# -- pools and replicas ---------------------------------------------------------------------
+def _replica(src: ConsoleSources, pool: Pool, r: Replica, now: float, wall: float) -> dict:
+    o = r.outlier
+    ejected = o.is_ejected(now)
+    cap = pool.config.max_inflight_per_replica
+    interval = pool.config.routing.load_scrape_interval_s
+    age = now - r.engine_load_at if r.engine_load_at else None
+    fresh = age is not None and interval > 0 and age <= STALE_SCRAPES * max(interval, 1.0)
+    if not r.healthy:
+        state = "unhealthy"
+    elif ejected:
+        state = "ejected"
+    elif cap and r.inflight >= cap:
+        state = "saturated"
+    elif o.probation:
+        state = "probation"
+    elif o.consecutive_failures:
+        state = "failing"
+    else:
+        state = "ok"
+    return {
+        "name": r.name,
+        "url": r.safe_url,
+        "state": state,
+        "sick": state in ("unhealthy", "ejected"),
+        "healthy": r.healthy,
+        "probe_failures": r.consecutive_probe_failures,
+        "ejected": ejected,
+        "ejected_until": wall + (o.ejected_until - now) if ejected else None,
+        "ejected_for_s": _r(o.ejected_until - now, 3) if ejected else None,
+        "ejections_total": o.ejections_total,
+        "consecutive_failures": o.consecutive_failures,
+        "probation": o.probation,
+        "inflight": r.inflight,
+        "load": replica_load(r, now),
+        "engine": {
+            "running": r.engine_running if fresh else None,
+            "waiting": r.engine_waiting if fresh else None,
+            "kv_cache_usage": _r(r.kv_cache_usage, 4) if fresh else None,
+            "scraped_age_s": _r(age, 3),
+            "fresh": fresh,
+            **{k: _r(v, 4) for k, v in src.engine.rates(r).items()},
+        },
+    }
+
+
+def _pool(src: ConsoleSources, pool: Pool, now: float, wall: float) -> dict[str, Any]:
+    replicas = [_replica(src, pool, r, now, wall) for r in list(pool.replicas)]
+    return {
+        "key": pool.key,
+        "tier": pool.tier,
+        "replicas_total": len(replicas),
+        "healthy": sum(r["healthy"] for r in replicas),
+        "ejected": sum(r["ejected"] for r in replicas),
+        "usable": len(pool.usable(now)),
+        "sick": sum(r["sick"] for r in replicas),
+        "inflight": sum(r["inflight"] for r in replicas),
+        "load_per_replica": _r(pool_load(pool, now), 3),
+        "replicas": replicas,
+    }
+
+
+# -- tiers ------------------------------------------------------------------------------------
+def _summary(w: PoolStep, covered: float) -> dict[str, Any]:
+    done = w.requests - w.disconnects
+    return {
+        "requests": w.requests,
+        "ok": w.ok,
+        "errors": w.errors,
+        "client_errors": w.client_errors,
+        "disconnects": w.disconnects,
+        "error_rate": _r(w.errors / done, 4) if done else None,
+        "requests_per_s": _r(w.requests / covered, 4),
+        "ttft_s": {"p50": _r(w.ttft.quantile(0.5)), "p95": _r(w.ttft.quantile(0.95)),
+                   "mean": _r(w.ttft.mean()), "n": w.ttft.count},
+        "output_tokens_per_s": {"p50": _r(w.tps.quantile(0.5), 3),
+                                "p5": _r(w.tps.quantile(0.05), 3),
+                                "mean": _r(w.tps.mean(), 3), "n": w.tps.count},
+        "tokens": {"prompt": w.prompt_tokens, "cached": w.cached_tokens,
+                   "completion": w.completion_tokens,
+                   "cached_share": _r(w.cached_tokens / w.prompt_tokens, 4)
+                   if w.prompt_tokens else None},
+        "cost_usd": _r(w.cost_usd, 9),
+        "usd_per_hour": _r(w.cost_usd / covered * 3600, 9),
+    }
+
+
+def _estimate(src: ConsoleSources, pool: Pool, now: float) -> dict[str, Any] | None:
+    est = src.auto.estimators.get(pool.key) if src.auto is not None else None
+    if est is None:
+        return None
+    snap = est.snapshot(now)
+    load = pool_load(pool, now)
+    return {
+        "load": _r(load, 3),
+        "ttft_s": _r(snap.ttft_s(load, 0.0)),
+        "output_tokens_per_s": _r(1.0 / snap.tpot_s(load), 3),
+        "prefill_s_per_token": _r(snap.prefill_s_per_token, 9),
+        "samples": snap.samples,
+        "age_s": None if snap.age_s == float("inf") else _r(snap.age_s, 3),
+        "measured_ttft_s": _r(est.measured_ttft.value),
+        "measured_output_tokens_per_s": _r(est.measured_tps.value, 3),
+        "spec_tokens_per_step": _r(est.tokens_per_step, 4),
+    }
+
+
+def _series(rec: ConsoleRecorder, key: str, now: float, wall: float) -> dict[str, list]:
+    out: dict[str, list] = {k: [] for k in ("t", "ttft_p50_s", "ttft_p95_s",
+                                            "output_tokens_per_s_p50", "requests", "errors",
+                                            "cost_usd")}
+    for epoch, b in rec.pool_series(key, now):
+        out["t"].append(round(wall - (now - epoch * rec.step_s), 3))
+        out["ttft_p50_s"].append(_r(b.ttft.quantile(0.5)) if b else None)
+        out["ttft_p95_s"].append(_r(b.ttft.quantile(0.95)) if b else None)
+        out["output_tokens_per_s_p50"].append(_r(b.tps.quantile(0.5), 3) if b else None)
+        out["requests"].append(b.requests if b else 0)
+        out["errors"].append(b.errors if b else 0)
+        out["cost_usd"].append(_r(b.cost_usd, 9) if b else 0.0)
+    return out
+
+
+def _model(src: ConsoleSources, name: str, now: float, wall: float, steps: int,
+           covered: float) -> dict[str, Any]:
+    m = src.config.models[name]
+    pools = [p for p in src.pools.all() if p.model == name]
+    rec = src.recorder
+    tiers = {}
+    for p in pools:
+        tiers[p.tier] = {
+            **_summary(rec.pool_window(p.key, now, steps), covered),
+            "auto_estimate": _estimate(src, p, now),
+            "series": _series(rec, p.key, now, wall),
+        }
+    window = rec.auto_reasons(name, now, steps)
+    total_w = sum(window.values())
+    decisions = [
+        {"tier": k.split(":", 1)[0], "reason": k.split(":", 1)[1], "count": n,
+         "share": _r(n / total_w, 4)}
+        for k, n in window.most_common()
+    ]
+    since_start = []
+    if src.auto is not None:
+        rows = [(t, r, n) for (mm, t, r), n in src.auto.decisions.items() if mm == name]
+        total = sum(n for _, _, n in rows)
+        since_start = [{"tier": t, "reason": r, "count": n, "share": _r(n / total, 4)}
+                       for t, r, n in sorted(rows, key=lambda x: -x[2])]
+    return {
+        "name": name,
+        "default_tier": m.default_tier,
+        "aliases": dict(m.aliases),
+        "fallback": dict(m.fallback),
+        "pools": [_pool(src, p, now, wall) for p in pools],
+        "tiers": tiers,
+        "auto": {"decisions": decisions, "decisions_total": total_w,
+                 "decisions_since_start": since_start},
+    }
+
+
+# -- sessions, cost, incidents ----------------------------------------------------------------
+def _sessions(src: ConsoleSources, now: float, wall: float) -> dict[str, Any]:
+    rec = src.recorder
+    table = rec.sessions
+    n = rec.config.top_sessions
+    active_s = rec.window_s
+    return {
+        "active": len(table.active(now, active_s)),
+        "tracked": len(table),
+        "evicted": table.evicted,
+        "half_life_s": table.half_life_s,
+        "most_active": [s.to_dict(now, wall, table.half_life_s)
+                        for s in table.top(now, active_s, n, "requests_per_min")],
+        "most_expensive": [s.to_dict(now, wall, table.half_life_s)
+                           for s in table.top(now, active_s, n, "usd_per_hour")],
+    }
+
+
+def _cost(models: list[dict[str, Any]]) -> dict[str, Any]:
+    per_pool = {
+        f"{m['name']}/{tier}": {"usd": t["cost_usd"], "usd_per_hour": t["usd_per_hour"]}
+        for m in models for tier, t in m["tiers"].items()
+    }
+    return {
+        "per_pool": per_pool,
+        "usd": _r(sum(v["usd"] or 0.0 for v in per_pool.values()), 9),
+        "usd_per_hour": _r(sum(v["usd_per_hour"] or 0.0 for v in per_pool.values()), 9),
+    }
+
+
+def _incidents(rec: ConsoleRecorder, now: float, wall: float, steps: int) -> dict[str, Any]:
+    counts = rec.incident_counts(now, steps)
+    horizon = now - steps * rec.step_s
+    recent = [
+        {
+            "t": round(wall - (now - row.t), 3),
+            "age_s": _r(now - row.t, 3),
+            "request_id": row.request_id,
+            "model": row.model,
+            "asked_tier": row.asked_tier,
+            "served_tier": row.served_tier,
+            "status": row.status,
+            "outcome": row.outcome,
+            "key_id": row.key_id,
+            "session_id": row.session_id,
+            "incidents": [{"kind": i.kind, "where": i.where, "reason": i.reason}
+                          for i in row.incidents],
+        }
+        for row in reversed(rec.recent) if row.t > horizon
+    ]
+    totals = {k: 0 for k in ("retry", "fallback", "timeout")}
+    for (kind, _, _), n in counts.items():
+        totals[kind] = totals.get(kind, 0) + n
+    return {
+        "totals": totals,
+        "by_reason": [{"kind": k, "where": w, "reason": r, "count": n}
+                      for (k, w, r), n in counts.most_common()],
+        "recent": recent,
+    }
