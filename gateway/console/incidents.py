@@ -6,9 +6,9 @@ request as ``tier:reason``, comma-separated, set when a pool other than the firs
 when the request failed), ``attempts`` and the ``outcome``. From these:
 
 - **retry**: one per retried attempt, with the tier it ran on and the failure retried
-  (``ttft-timeout``, ``connect-error``, ``http-503``…); an attempt failure is retried when the
-  next attempt ran on the same tier (each pool is visited once), or when it was the last
-  failure and that tier then served.
+  (``ttft-timeout``, ``connect-error``, ``http-503``…); an attempt failure was retried when the
+  next failure listed is on the same tier (each pool is visited once), the last one when the
+  record counts one more retry than those.
 - **fallback**: one per request that moved to another tier: ``from`` the first tier tried,
   ``to`` the tier that served (or the last one tried), ``reason`` the last failure on the first
   tier (``replicas-exhausted``, ``retry-budget-exhausted``, ``no-usable-replica``,
@@ -77,9 +77,11 @@ def failures(rec: RecordView) -> list[tuple[str | None, str]]:
 
 def incidents_of(rec: RecordView) -> list[Incident]:
     """Every retry, fallback and timeout of one finished request (see the module doc)."""
+    if not rec.retries and not rec.fallback and rec.outcome != TIMEOUT_OUTCOME:
+        return []  # the common case, checked first: nothing happened
     items = failures(rec)
     out: list[Incident] = []
-    attempt_failures = 0
+    attempt_failures = retries = 0
     for i, (tier, slug) in enumerate(items):
         if slug in MARKERS:
             continue
@@ -89,9 +91,10 @@ def incidents_of(rec: RecordView) -> list[Incident]:
         nxt = items[i + 1] if i + 1 < len(items) else None
         if nxt is not None:
             retried = nxt[0] == tier and nxt[1] not in MARKERS
-        else:
-            retried = rec.served_tier is not None and rec.served_tier == tier
+        else:  # the last failure: retried when the record counts one more retry
+            retried = retries < len(rec.retries)
         if retried:
+            retries += 1
             out.append(Incident("retry", tier, slug))
     if rec.outcome == TIMEOUT_OUTCOME:
         if rec.response_started:
