@@ -1,0 +1,158 @@
+"""A real headless browser for end-to-end tests: Chromium driven over the Chrome DevTools
+Protocol (CDP) with aiohttp's websocket client, no extra dependency.
+
+``Chromium.start()`` launches ``chromium --headless --remote-debugging-port=0`` in its own
+process group (dying with the test process); Chromium binds a free port itself and writes it to
+``DevToolsActivePort`` in its profile directory, which is read back (no port picked before its
+bind). ``Page`` offers what the tests need: navigate, evaluate JavaScript in the page, type into
+an input, a full-page PNG screenshot. ``find_chromium()`` is None when no browser is installed
+(the tests then skip; ``.ci/run`` installs Debian's ``chromium``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from engines.procs import die_with_parent, stop_processes
+
+NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_chromium() -> str | None:
+    """Path of an installed Chromium (or Chrome), else None."""
+    for name in NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+class Page:
+    """One tab, driven over its CDP websocket."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self._ids = itertools.count(1)
+        self._events: list[dict[str, Any]] = []
+
+    async def call(self, method: str, timeout_s: float = 30.0, **params: Any) -> dict[str, Any]:
+        """Send one CDP command and return its ``result`` (events that arrive meanwhile are
+        kept). Raises ``RuntimeError`` on a protocol error."""
+        msg_id = next(self._ids)
+        await self.ws.send_json({"id": msg_id, "method": method, "params": params})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = await self.ws.receive_json(timeout=max(0.1, deadline - time.monotonic()))
+            if msg.get("id") == msg_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            if "method" in msg:
+                self._events.append(msg)
+
+    async def navigate(self, url: str, timeout_s: float = 30.0) -> None:
+        """Load ``url`` and wait for its ``load`` event."""
+        await self.call("Page.enable")
+        self._events.clear()
+        await self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout_s
+        while not any(e.get("method") == "Page.loadEventFired" for e in self._events):
+            msg = await self.ws.receive_json(timeout=max(0.1, deadline - time.monotonic()))
+            if "method" in msg:
+                self._events.append(msg)
+
+    async def js(self, expression: str) -> Any:
+        """The value of a JavaScript expression in the page (awaited when it is a promise)."""
+        res = await self.call("Runtime.evaluate", expression=expression, returnByValue=True,
+                              awaitPromise=True)
+        if "exceptionDetails" in res:
+            raise RuntimeError(f"page script failed: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    async def wait_for(self, expression: str, timeout_s: float, interval_s: float = 0.2) -> float:
+        """Poll a JavaScript expression until it is truthy; the seconds it took. Raises
+        ``TimeoutError`` after ``timeout_s``."""
+        t0 = time.monotonic()
+        while True:
+            if await self.js(expression):
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"not true within {timeout_s} s: {expression}")
+            await asyncio.sleep(interval_s)
+
+    async def type_into(self, selector: str, text: str) -> None:
+        """Focus the element ``selector`` and type ``text`` as key events would."""
+        await self.js(f"document.querySelector({selector!r}).focus()")
+        await self.call("Input.insertText", text=text)
+
+    async def screenshot(self, path: Path, width: int = 1440) -> None:
+        """A PNG of the whole page (its full height) at ``width`` CSS pixels."""
+        height = int(await self.js("document.documentElement.scrollHeight"))
+        await self.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                        deviceScaleFactor=1, mobile=False)
+        shot = await self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        await asyncio.to_thread(_write, path, base64.b64decode(shot["data"]))
+
+
+class Chromium:
+    """A headless Chromium process and a CDP session on its first tab."""
+
+    def __init__(self, executable: str, profile: Path, width: int = 1440, height: int = 1000):
+        self.executable = executable
+        self.profile = profile
+        self.size = (width, height)
+        self.proc: subprocess.Popen | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    async def start(self, timeout_s: float = 30.0) -> Page:
+        """Launch the browser and attach to its blank tab."""
+        args = [self.executable, "--headless=new", "--disable-gpu", "--no-first-run",
+                "--no-default-browser-check", "--disable-extensions", "--mute-audio",
+                "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
+                f"--user-data-dir={self.profile}",
+                f"--window-size={self.size[0]},{self.size[1]}", "about:blank"]
+        if os.geteuid() == 0:
+            args.insert(1, "--no-sandbox")  # Chromium refuses to run its sandbox as root
+        self.proc = await asyncio.to_thread(_launch, args, self.profile.parent / "chromium.log")
+        port_file = self.profile / "DevToolsActivePort"
+        deadline = time.monotonic() + timeout_s
+        while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("chromium did not start its DevTools endpoint")
+            await asyncio.sleep(0.05)
+        port = int(port_file.read_text().split()[0])
+        self._http = aiohttp.ClientSession()
+        async with self._http.get(f"http://127.0.0.1:{port}/json/list") as r:
+            targets = await r.json()
+        page = next(t for t in targets if t.get("type") == "page")
+        ws = await self._http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
+        return Page(ws)
+
+    async def stop(self) -> None:
+        """Close the session and stop the browser's process group."""
+        if self._http is not None:
+            await self._http.close()
+        if self.proc is not None:
+            await asyncio.to_thread(stop_processes, [self.proc])
+
+
+def _launch(args: list[str], log_path: Path) -> subprocess.Popen:
+    """Start the browser in its own process group, dying with this process."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=die_with_parent)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
