@@ -19,6 +19,8 @@ import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import takewhile
+from operator import attrgetter
 from typing import Any
 
 #: Half-life of the sessions' request and cost rates (seconds).
@@ -51,6 +53,10 @@ class SessionStats:
     tiers: dict[str, int] = field(default_factory=dict)
     _activity: float = 0.0  # decayed requests at ``last_seen``
     _spend: float = 0.0  # decayed USD at ``last_seen``
+    # rankings independent of the time they are read: at any ``now``, value × 2^(−(now −
+    # last_seen)/h) orders as log2(value) + last_seen/h, so the tables sort on a stored float
+    rank_activity: float = -math.inf
+    rank_spend: float = -math.inf
 
     def _decay(self, now: float, half_life_s: float) -> float:
         return 2.0 ** (-max(0.0, now - self.last_seen) / half_life_s)
@@ -135,30 +141,35 @@ class SessionTable:
         s.cost_usd += cost_usd
         s._activity += 1.0
         s._spend += cost_usd
+        h = self.half_life_s
+        s.rank_activity = math.log2(s._activity) + s.last_seen / h
+        s.rank_spend = math.log2(s._spend) + s.last_seen / h if s._spend > 0 else -math.inf
         if tier:
             s.tiers[tier] = s.tiers.get(tier, 0) + 1
         return s
 
     def active(self, now: float, within_s: float) -> list[SessionStats]:
-        """Sessions seen in the last ``within_s`` seconds, most recent first."""
-        out = []
-        for s in reversed(self._by_id.values()):
-            if now - s.last_seen > within_s:
-                break  # LRU order: everything older follows
-            out.append(s)
-        return out
+        """Sessions seen in the last ``within_s`` seconds, most recent first (the table is in
+        the order sessions were last seen, so the walk stops at the first older one)."""
+        horizon = now - within_s
+        return list(takewhile(lambda s: s.last_seen >= horizon, reversed(self._by_id.values())))
 
     def top(self, now: float, within_s: float, n: int, by: str) -> list[SessionStats]:
         """The ``n`` sessions active within ``within_s`` with the highest ``by``:
         ``requests_per_min`` (most active) or ``usd_per_hour`` (most expensive now); ties by
         total turns / cost."""
-        active = self.active(now, within_s)
-        if by == "requests_per_min":
-            return heapq.nlargest(
-                n, active, key=lambda s: (s.requests_per_min(now, self.half_life_s), s.turns)
-            )
-        if by == "usd_per_hour":
-            return heapq.nlargest(
-                n, active, key=lambda s: (s.usd_per_hour(now, self.half_life_s), s.cost_usd)
-            )
+        return top_sessions(self.active(now, within_s), n, by)
+
+
+def top_sessions(sessions: list[SessionStats], n: int, by: str) -> list[SessionStats]:
+    """The ``n`` of ``sessions`` ranked highest by ``by`` (see ``SessionTable.top``)."""
+    key = _RANKINGS.get(by)
+    if key is None:
         raise ValueError(f"unknown ranking {by!r}")
+    return heapq.nlargest(n, sessions, key=key)
+
+
+_RANKINGS = {
+    "requests_per_min": attrgetter("rank_activity", "turns"),
+    "usd_per_hour": attrgetter("rank_spend", "cost_usd"),
+}

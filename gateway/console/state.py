@@ -22,6 +22,7 @@ from typing import Any
 from gateway.config import GatewayConfig
 from gateway.console.engine import EngineRates
 from gateway.console.recorder import ConsoleRecorder
+from gateway.console.sessions import top_sessions
 from gateway.console.window import PoolStep
 from gateway.plan.auto.service import AutoTier, pool_load
 from gateway.routing.load import replica_load
@@ -251,16 +252,16 @@ def _sessions(src: ConsoleSources, now: float, wall: float) -> dict[str, Any]:
     rec = src.recorder
     table = rec.sessions
     n = rec.config.top_sessions
-    active_s = rec.window_s
+    active = table.active(now, rec.window_s)
     return {
-        "active": len(table.active(now, active_s)),
+        "active": len(active),
         "tracked": len(table),
         "evicted": table.evicted,
         "half_life_s": table.half_life_s,
         "most_active": [s.to_dict(now, wall, table.half_life_s)
-                        for s in table.top(now, active_s, n, "requests_per_min")],
+                        for s in top_sessions(active, n, "requests_per_min")],
         "most_expensive": [s.to_dict(now, wall, table.half_life_s)
-                           for s in table.top(now, active_s, n, "usd_per_hour")],
+                           for s in top_sessions(active, n, "usd_per_hour")],
     }
 
 
