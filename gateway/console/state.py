@@ -6,9 +6,37 @@ Units: seconds (``*_s``), unix seconds for points in time (``generated_at``, ``t
 in 0..1. Figures over "the window" cover the last ``window_s`` seconds (``covered_s`` says how
 much of it the process has been up for); chart series have one point per ``step_s`` bucket.
 Never in it: prompt or completion text, API keys, URL credentials (replica URLs are redacted).
-Top-level keys: ``object`` (``console.state``), ``version``, ``generated_at``, ``window_s``,
-``step_s``, ``covered_s``, ``refresh_s``, ``gateway``, ``models``, ``sessions``, ``cost``,
-``incidents``; the README's Console section describes each.
+
+- ``object`` (``console.state``), ``version``, ``generated_at``, ``window_s``, ``step_s``,
+  ``covered_s``, ``refresh_s`` (the page's poll period);
+- ``gateway``: ``status`` (``ready`` / ``degraded`` / ``not_ready``, as ``/readyz``),
+  ``auth_enabled``, ``pid``, ``uptime_s``, ``requests`` in the window by class (``ok``,
+  ``error``, ``client_error``, ``disconnect``), ``requests_observed`` since start;
+- ``models[]``: ``name``, ``default_tier``, ``aliases``, ``fallback``;
+  ``pools[]`` (``key``, ``tier``, ``replicas_total``, ``healthy``, ``ejected``, ``usable``,
+  ``sick``, ``inflight``, ``load_per_replica``, ``replicas[]``: ``name``, ``url``, ``state``
+  (``ok``, ``unhealthy``, ``ejected``, ``saturated``, ``probation``, ``failing``), ``sick``,
+  ``healthy``, ``probe_failures``, ``ejected``, ``ejected_until``, ``ejected_for_s``,
+  ``ejections_total``, ``consecutive_failures``, ``probation``, ``inflight``, ``load``,
+  ``engine``: ``running``, ``waiting``, ``kv_cache_usage`` (None unless scraped lately),
+  ``scraped_age_s``, ``fresh``, ``prefix_cache_hit_rate``, ``spec_acceptance_rate``,
+  ``spec_tokens_per_step``, ``over_s`` (``gateway.console.engine``));
+  ``tiers.<tier>``: ``requests``, ``ok``, ``errors``, ``client_errors``, ``disconnects``,
+  ``error_rate``, ``requests_per_s``, ``ttft_s`` {``p50``, ``p95``, ``mean``, ``n``},
+  ``output_tokens_per_s`` {``p50``, ``p5``, ``mean``, ``n``}, ``tokens`` {``prompt``,
+  ``cached``, ``completion``, ``cached_share``}, ``cost_usd``, ``usd_per_hour``,
+  ``auto_estimate`` (the auto tier's model at the current load: ``ttft_s``,
+  ``output_tokens_per_s``, ``load``, ``samples``, ``age_s``, its decayed measurements), and
+  ``series`` (per step: ``t``, ``ttft_p50_s``, ``ttft_p95_s``, ``output_tokens_per_s_p50``,
+  ``requests``, ``errors``, ``cost_usd``); ``auto``: ``decisions`` in the window (``tier``,
+  ``reason``, ``count``, ``share``), ``decisions_total``, ``decisions_since_start``;
+- ``sessions``: ``active``, ``tracked``, ``evicted``, ``half_life_s``, ``most_active[]`` and
+  ``most_expensive[]`` (``SessionStats.to_dict``);
+- ``cost``: ``per_pool`` {``usd``, ``usd_per_hour``}, ``usd``, ``usd_per_hour``;
+- ``incidents``: ``totals`` by kind, ``by_reason[]`` (``kind``, ``where``, ``reason``,
+  ``count``), ``recent[]`` (newest first: ``t``, ``age_s``, ``request_id``, ``model``,
+  ``asked_tier``, ``served_tier``, ``status``, ``outcome``, ``key_id``, ``session_id``,
+  ``incidents``).
 """
 
 from __future__ import annotations
