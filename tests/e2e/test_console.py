@@ -1,7 +1,8 @@
 """The console end to end (issue 19): after known traffic through a real stack (simulators and
 a gateway process, auth on), ``GET /v1/console/state`` reports exactly the requests, tokens,
 cost, TTFT percentiles, auto decisions, sessions and incidents the clients saw; it answers
-only an admin key, and neither it nor the page ever holds prompt text or a key."""
+only an admin key, and neither it nor the page ever holds prompt text or a key. In a real
+browser (headless Chromium, skipped only when none is installed) the page asks for the key."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import orjson
@@ -19,6 +21,7 @@ from gateway.common.usage import Usage
 from gateway.config import Prices
 from gateway.console.sketch import RELATIVE_ACCURACY
 from gateway.telemetry.cost import cost_usd
+from tests.e2e.browser import Chromium, find_chromium
 from tests.e2e.helpers import CHAT, metric
 from tests.e2e.stack import MODEL, Stack
 
@@ -34,6 +37,8 @@ ADMIN, ADMIN_HASH = new_key()
 APP, APP_HASH = new_key()
 MARKER = f"PROMPT-TEXT-{uuid.uuid4().hex}"  # in every prompt; must never reach the console
 STATE = "/v1/console/state"
+CHROMIUM = find_chromium()
+needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed")
 GAP_S = 0.01  # the simulators space content events this far apart (wall-clock seconds)
 
 
@@ -203,3 +208,38 @@ def test_the_page_is_served_without_data_and_root_redirects(stack: Stack) -> Non
     assert "default-src 'none'" in r.headers["content-security-policy"]
     r = httpx.get(stack.base_url + "/", headers={"accept": "text/html"})
     assert r.status_code == 307 and r.headers["location"] == "/console"
+
+
+@needs_browser
+async def test_the_page_asks_for_an_admin_key_in_a_real_browser(stack: Stack,
+                                                                tmp_path: Path) -> None:
+    """Headless Chromium: without a key the page shows the prompt and no data; a wrong key and
+    a non-admin key are refused (and not kept); the admin key opens the console, lives in the
+    tab's session storage only, and never appears in the URL or the page."""
+    browser = Chromium(CHROMIUM or "", tmp_path / "profile")
+    page = await browser.start()
+    rows = "document.querySelectorAll('tr[data-replica]').length"
+    prompt_shown = "document.getElementById('keyprompt').hidden === false"
+    submit = "document.getElementById('keyform').requestSubmit()"
+    message = "document.getElementById('keymsg').textContent"
+    try:
+        await page.navigate(stack.base_url + "/console")
+        await page.wait_for(prompt_shown, timeout_s=15)
+        assert await page.js(rows) == 0
+        for key, says in (("sg-not-a-key", "not accepted"), (APP, "not an admin key")):
+            await page.type_into("#keyinput", key)
+            await page.js(submit)
+            await page.wait_for(f"{prompt_shown} && {message}.includes({says!r})", timeout_s=15)
+            assert await page.js("sessionStorage.length") == 0  # a refused key is not kept
+        await page.type_into("#keyinput", ADMIN)
+        await page.js(submit)
+        await page.wait_for(f"{rows} === 4", timeout_s=15)
+        assert await page.js(prompt_shown) is False
+        assert await page.js("sessionStorage.getItem('speedgate.adminKey')") == ADMIN
+        assert await page.js("localStorage.length") == 0
+        href = await page.js("location.href")
+        assert ADMIN not in href and href.endswith("/console")
+        html = await page.js("document.documentElement.outerHTML")
+        assert ADMIN not in html and MARKER not in html
+    finally:
+        await browser.stop()
