@@ -133,6 +133,7 @@ class ConsoleRecorder:
             step.ttft.add(rec.ttft_s)
         u = rec.usage
         if u is not None:
+            step.with_usage += 1
             step.prompt_tokens += u.prompt
             step.cached_tokens += min(u.cached, u.prompt)
             step.completion_tokens += u.completion
@@ -183,6 +184,13 @@ class ConsoleRecorder:
             for b in ring.buckets(now, steps):
                 out.update(b)
         return out
+
+    def auto_series(self, model: str, now: float) -> list[tuple[int, Counter[str] | None]]:
+        """Every step of ``model``'s auto decisions ring, oldest first (None: no decision)."""
+        ring = self.auto.get(model)
+        if ring is None:
+            return [(e, None) for e, _ in self.gateway.window(now)]
+        return ring.window(now)
 
     def outcome_counts(self, now: float, steps: int | None = None) -> Counter[str]:
         """Requests of the whole gateway by outcome class in the window."""

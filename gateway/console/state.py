@@ -25,11 +25,13 @@ Never in it: prompt or completion text, API keys, URL credentials (replica URLs 
   ``error_rate``, ``requests_per_s``, ``ttft_s`` {``p50``, ``p95``, ``mean``, ``n``},
   ``output_tokens_per_s`` {``p50``, ``p5``, ``mean``, ``n``}, ``tokens`` {``prompt``,
   ``cached``, ``completion``, ``cached_share``}, ``cost_usd``, ``usd_per_hour``,
-  ``auto_estimate`` (the auto tier's model at the current load: ``ttft_s``,
-  ``output_tokens_per_s``, ``load``, ``samples``, ``age_s``, its decayed measurements), and
+  ``auto_estimate`` (the auto tier's model at the current load: ``ttft_s`` for the window's
+  mean ``uncached_prompt_tokens``, ``output_tokens_per_s``, ``load``, ``samples``, ``age_s``,
+  its decayed measurements), and
   ``series`` (per step: ``t``, ``ttft_p50_s``, ``ttft_p95_s``, ``output_tokens_per_s_p50``,
   ``requests``, ``errors``, ``cost_usd``); ``auto``: ``decisions`` in the window (``tier``,
-  ``reason``, ``count``, ``share``), ``decisions_total``, ``decisions_since_start``;
+  ``reason``, ``count``, ``share``), ``decisions_total``, ``decisions_since_start``,
+  ``series`` (per step: ``t``, ``decisions``, ``fast_share``);
 - ``sessions``: ``active``, ``tracked``, ``evicted``, ``half_life_s``, ``most_active[]`` and
   ``most_expensive[]`` (``SessionStats.to_dict``);
 - ``cost``: ``per_pool`` {``usd``, ``usd_per_hour``}, ``usd``, ``usd_per_hour``;
@@ -204,15 +206,20 @@ def _summary(w: PoolStep, covered: float) -> dict[str, Any]:
     }
 
 
-def _estimate(src: ConsoleSources, pool: Pool, now: float) -> dict[str, Any] | None:
+def _estimate(src: ConsoleSources, pool: Pool, now: float, w: PoolStep) -> dict[str, Any] | None:
+    """The auto tier's model of ``pool`` now: TTFT at the current load for the window's mean
+    uncached prompt (so it compares with the measured TTFT of the same requests), output
+    tokens/s at the current load, and the estimator's own decayed measurements."""
     est = src.auto.estimators.get(pool.key) if src.auto is not None else None
     if est is None:
         return None
     snap = est.snapshot(now)
     load = pool_load(pool, now)
+    uncached = (w.prompt_tokens - w.cached_tokens) / w.with_usage if w.with_usage else 0.0
     return {
         "load": _r(load, 3),
-        "ttft_s": _r(snap.ttft_s(load, 0.0)),
+        "uncached_prompt_tokens": _r(uncached, 1),
+        "ttft_s": _r(snap.ttft_s(load, uncached)),
         "output_tokens_per_s": _r(1.0 / snap.tpot_s(load), 3),
         "prefill_s_per_token": _r(snap.prefill_s_per_token, 9),
         "samples": snap.samples,
@@ -245,9 +252,10 @@ def _model(src: ConsoleSources, name: str, now: float, wall: float, steps: int,
     rec = src.recorder
     tiers = {}
     for p in pools:
+        w = rec.pool_window(p.key, now, steps)
         tiers[p.tier] = {
-            **_summary(rec.pool_window(p.key, now, steps), covered),
-            "auto_estimate": _estimate(src, p, now),
+            **_summary(w, covered),
+            "auto_estimate": _estimate(src, p, now, w),
             "series": _series(rec, p.key, now, wall),
         }
     window = rec.auto_reasons(name, now, steps)
@@ -271,8 +279,21 @@ def _model(src: ConsoleSources, name: str, now: float, wall: float, steps: int,
         "pools": [_pool(src, p, now, wall) for p in pools],
         "tiers": tiers,
         "auto": {"decisions": decisions, "decisions_total": total_w,
-                 "decisions_since_start": since_start},
+                 "decisions_since_start": since_start,
+                 "series": _auto_series(rec, name, now, wall)},
     }
+
+
+def _auto_series(rec: ConsoleRecorder, model: str, now: float, wall: float) -> dict[str, list]:
+    """Per step: auto decisions and the share of them served by the fast pool (0..1)."""
+    out: dict[str, list] = {"t": [], "decisions": [], "fast_share": []}
+    for epoch, b in rec.auto_series(model, now):
+        n = sum(b.values()) if b else 0
+        fast = sum(v for k, v in b.items() if k.startswith("fast:")) if b else 0
+        out["t"].append(round(wall - (now - epoch * rec.step_s), 3))
+        out["decisions"].append(n)
+        out["fast_share"].append(_r(fast / n, 4) if n else None)
+    return out
 
 
 # -- sessions, cost, incidents ----------------------------------------------------------------

@@ -89,6 +89,7 @@ class PoolStep:
     disconnects: int = 0
     ttft: LogSketch = field(default_factory=lambda: LogSketch(RELATIVE_ACCURACY))
     tps: LogSketch = field(default_factory=lambda: LogSketch(RELATIVE_ACCURACY))
+    with_usage: int = 0  # requests whose tokens are counted below
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
@@ -115,6 +116,7 @@ class PoolStep:
         self.disconnects += other.disconnects
         self.ttft.merge(other.ttft)
         self.tps.merge(other.tps)
+        self.with_usage += other.with_usage
         self.prompt_tokens += other.prompt_tokens
         self.cached_tokens += other.cached_tokens
         self.completion_tokens += other.completion_tokens

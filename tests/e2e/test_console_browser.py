@@ -117,6 +117,8 @@ async def test_console_shows_replicas_charts_and_a_replica_going_down(demo: dict
                                   f"circle.pt[data-tier={tier}]').length")
                 assert n > 0, (chart, tier)
         assert await page.js("document.querySelectorAll('[data-auto=share] > i').length") >= 1
+        assert await page.js("document.querySelectorAll('svg[data-chart=auto] circle.pt')"
+                             ".length") > 0
         assert not await page.js("document.getElementById('keyprompt').hidden === false")
         # stop one replica of the fast pool: its row turns unhealthy, marked sick
         url = demo["pools"]["fast"][0]

@@ -114,8 +114,12 @@ def test_shape_and_units_after_known_traffic(world) -> None:
     assert sum(series["requests"]) == 10 and series["ttft_p50_s"][0] is None
     assert m["auto"]["decisions"] == [{"tier": "fast", "reason": "fast-faster", "count": 10,
                                        "share": 1.0}]
+    auto_series = m["auto"]["series"]
+    assert sum(auto_series["decisions"]) == 10 and len(auto_series["t"]) == 12
+    assert {v for v in auto_series["fast_share"] if v is not None} == {1.0}
     est = fast["auto_estimate"]
     assert set(est) >= {"ttft_s", "output_tokens_per_s", "load", "samples"}
+    assert est["uncached_prompt_tokens"] == 500.0  # the window's mean: 1,000 − 500 cached
     sessions = doc["sessions"]
     assert sessions["active"] == 3
     assert sessions["most_active"][0]["session_id"] == "s-1"
