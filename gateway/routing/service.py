@@ -74,8 +74,8 @@ class RoutingService:
     async def _watch_redis(self) -> None:
         while True:
             await asyncio.sleep(self.breaker.cooldown_s / 2)
-            if self.breaker.degraded and self.breaker.allow():
-                await self.store.ping()
+            if self.breaker.degraded:
+                await self.store.ping()  # through the breaker: the half-open trial, if due
 
     async def stop(self) -> None:
         """Stop the tasks, flush pending writes, close the store."""
