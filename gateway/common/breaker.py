@@ -9,9 +9,9 @@ half-open state of Nygard's "Release It!" and of resilience4j's
 each cooldown makes all requests arriving then wait the Redis timeout together. Clock injected
 for tests; times in seconds.
 
-Meant to be shared by every Redis user (usage totals, routing state, rate limits), so that
-"Redis is down" is one fact the gateway reports (``/readyz`` degraded, a metric) rather than
-several.
+One breaker per Redis connection (``gateway.common.redis_conn``), shared by every Redis user
+(usage totals, routing state, rate limits), so that "Redis is down" is one fact the gateway
+reports (``/readyz`` degraded, a metric) rather than several.
 """
 
 from __future__ import annotations

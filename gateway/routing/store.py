@@ -119,7 +119,9 @@ class MemoryRoutingStore:
 
 class RedisRoutingStore:
     """Bindings in Redis, shared by gateway replicas. ``client``: a ``redis.asyncio.Redis``
-    with short socket timeouts (``from_url``); ``timeout_s`` also bounds each call as a whole."""
+    with short socket timeouts (the gateway's shared ``RedisConnection``, or ``from_url``);
+    ``timeout_s`` also bounds each call as a whole. ``close`` closes the client only when
+    ``owns_client`` (``from_url``)."""
 
     def __init__(
         self,
@@ -129,8 +131,10 @@ class RedisRoutingStore:
         prefix: str = "speedgate:route:",
         ttl_s: float = 3600.0,
         timeout_s: float = 0.1,
+        owns_client: bool = False,
     ) -> None:
         self.client = client
+        self.owns_client = owns_client
         self.breaker = breaker
         self.prefix = prefix
         self.ttl_s = ttl_s
@@ -147,7 +151,7 @@ class RedisRoutingStore:
         client = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
-        return cls(client, breaker, timeout_s=timeout_s, **kwargs)
+        return cls(client, breaker, timeout_s=timeout_s, owns_client=True, **kwargs)
 
     @property
     def degraded(self) -> bool:
@@ -214,4 +218,5 @@ class RedisRoutingStore:
         return bool(await self._call(self.client.ping))
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.owns_client:
+            await self.client.aclose()
