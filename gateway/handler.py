@@ -25,6 +25,7 @@ from gateway.asgi import (
     send_error,
     send_response,
 )
+from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.config import Prices
 from gateway.errors import GatewayError, UpstreamTimeout
@@ -62,7 +63,7 @@ class CompletionsEndpoint:
         accounted once."""
         state = self.state
         rec = RequestRecord(request_id=scope.get("speedgate.request_id", ""), path=self.path)
-        rec.session_id = header(scope, b"x-session-id")
+        rec.session_id = session_id_of(scope)
         trace = state.telemetry.start_request(
             scope["headers"], "chat" if self.kind == "chat" else "text_completion"
         )
@@ -217,6 +218,13 @@ class CompletionsEndpoint:
         if rec.auto_reason:
             out.append((b"x-speedgate-auto-reason", rec.auto_reason.encode()))
         return out
+
+
+def session_id_of(scope: Scope) -> str | None:
+    """The request's ``x-session-id``, a long one as its fixed-size digest (``bounded_id``): what
+    the routing tables, the ledger, the auto tier, usage totals and the logs keep."""
+    raw = header(scope, b"x-session-id")
+    return bounded_id(raw) if raw is not None else None
 
 
 def usage_headers(

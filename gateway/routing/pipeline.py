@@ -60,7 +60,8 @@ class PoolRouter:
         self.round_robin = RoundRobin()
         self.decisions: Counter[str] = Counter()
         cfg = pool.config.routing
-        self.ledger = SessionLedger(cfg.session_idle_s, max(16, cfg.table_max_entries // 4))
+        self.ledger = SessionLedger(cfg.session_idle_s, max(16, cfg.table_max_entries // 4),
+                                    max_bytes=cfg.table_max_bytes // 4)
         self._pending: set[asyncio.Task[None]] = set()
 
     async def pick(

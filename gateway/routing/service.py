@@ -64,7 +64,8 @@ class RoutingService:
             self.store = MemoryRoutingStore()
         for pool in pools.all():
             rc = pool.config.routing
-            self.store.configure(pool.key, rc.table_max_entries, rc.table_ttl_s)
+            self.store.configure(pool.key, rc.table_max_entries, rc.table_ttl_s,
+                                 rc.table_max_bytes)
             pool.router = PoolRouter(pool, self.store)
         self.scraper = LoadScraper(pools, upstream)
         self._watch: asyncio.Task[None] | None = None

@@ -85,10 +85,16 @@ class MemoryRoutingStore:
         self._sessions: dict[str, AffinityTable] = {}
         self._blocks: dict[str, AffinityTable] = {}
 
-    def configure(self, pool: str, max_entries: int, ttl_s: float) -> None:
-        """Size ``pool``'s tables (its ``routing`` config); sessions get a quarter."""
-        self._blocks[pool] = AffinityTable(max_entries, ttl_s)
-        self._sessions[pool] = AffinityTable(max(16, max_entries // 4), ttl_s)
+    def configure(
+        self, pool: str, max_entries: int, ttl_s: float, max_bytes: int | None = None
+    ) -> None:
+        """Size ``pool``'s tables (its ``routing`` config: entries, and bytes when given);
+        sessions get a quarter of each."""
+        self._blocks[pool] = AffinityTable(max_entries, ttl_s, max_bytes=max_bytes)
+        self._sessions[pool] = AffinityTable(
+            max(16, max_entries // 4), ttl_s,
+            max_bytes=max_bytes // 4 if max_bytes is not None else None,
+        )
 
     def _tables(self, pool: str) -> tuple[AffinityTable, AffinityTable]:
         if pool not in self._blocks:
@@ -157,7 +163,9 @@ class RedisRoutingStore:
     def degraded(self) -> bool:
         return self.breaker.degraded
 
-    def configure(self, pool: str, max_entries: int, ttl_s: float) -> None:
+    def configure(
+        self, pool: str, max_entries: int, ttl_s: float, max_bytes: int | None = None
+    ) -> None:
         """``pool``'s binding TTL (s); Redis bounds memory by TTL and ``maxmemory``."""
         self.ttls[pool] = max(1, round(ttl_s))
 

@@ -14,12 +14,11 @@ TTFT and end-to-end time, behind one interface with two implementations.
 ``add()`` never raises: accounting must not fail a request that was served (call it after the
 response is complete). ``get_key``/``get_session`` raise ``UsageStoreUnavailable`` when the
 store cannot answer (an admin endpoint answers 503). Times in seconds, cost in USD. Ids longer
-than 200 characters are stored under their SHA-256.
+than 200 characters are stored under their SHA-256 (``gateway.common.ids.bounded_id``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -27,10 +26,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 from gateway.common.breaker import CircuitBreaker
+from gateway.common.ids import bounded_id
 
 log = logging.getLogger("speedgate.usage")
 
-_MAX_ID_CHARS = 200
 _INT_FIELDS = (
     "requests",
     "errors",
@@ -145,10 +144,7 @@ class UsageStore(Protocol):
         """Release connections."""
 
 
-def _id(raw: str) -> str:
-    if len(raw) <= _MAX_ID_CHARS:
-        return raw
-    return "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+_id = bounded_id
 
 
 class MemoryUsageStore:
