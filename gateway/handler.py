@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
+from gateway.admit.params import check_sampling_params
 from gateway.admit.ratelimit import Reservation
 from gateway.asgi import (
     ClientDisconnected,
@@ -82,6 +83,7 @@ class CompletionsEndpoint:
             raw_size = len(raw)
             body = parse_body(raw, self.kind)
             check_json_shape(body.doc, state.config.server.max_json_depth)
+            check_sampling_params(body.doc)  # a client's mistake never reaches a replica
             # 2. plan (restricted to the tiers the key is entitled to)
             treq = state.models.resolve(
                 body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
