@@ -76,6 +76,7 @@ def run_server(
     from uvicorn.supervisors import Multiprocess
 
     from engines.procs import write_port_file
+    from gateway.admit.connections import GuardedHttpToolsProtocol
     from gateway.app import create_app
     from gateway.telemetry.access_log import configure_access_log
 
@@ -89,7 +90,7 @@ def run_server(
         host=srv.host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=GuardedHttpToolsProtocol,  # httptools, fixed (gateway.admit.connections)
         log_level=srv.log_level,
         access_log=False,  # speedgate writes its own access log line per request
         timeout_keep_alive=30,

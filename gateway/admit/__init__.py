@@ -9,5 +9,7 @@
   ``check_json_shape``);
 - ``params``: the client's sampling parameters against the OpenAI schema
   (``check_sampling_params``): a client's mistake never reaches, nor counts against, a replica;
-- ``audit``: the audit log of refused and privileged requests.
+- ``audit``: the audit log of refused and privileged requests;
+- ``connections``: ``GuardedHttpToolsProtocol``, the server's HTTP protocol (uvicorn's
+  httptools with a pipelining fix).
 """
