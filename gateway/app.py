@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from gateway.admit.audit import client_addr
 from gateway.admit.auth import PermissionDenied
+from gateway.admit.connections import GUARD_KEY, ConnectionGuard
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
 from gateway.asgi import Scope, send_error
@@ -142,9 +143,12 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     gate = Gate(config, redis=redis)
     auto = AutoTier(config, pools)  # the auto tier's live estimates (issue 10)
     metrics.registry.register(auto.collector())
+    # slow/idle client limits, read by each connection's protocol from the lifespan state
+    guard = ConnectionGuard(config.server)
+    metrics.registry.register(guard.collector())
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         upstream = Upstream(config.upstream)
         health = HealthChecker(config.health, pools, upstream)
         usage: UsageStore = (
@@ -177,7 +181,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         routing.start()
         auto.start()
         try:
-            yield
+            yield {GUARD_KEY: guard}  # the ASGI lifespan state: uvicorn hands it to protocols
         finally:
             await auto.stop()
             await routing.stop()

@@ -11,5 +11,6 @@
   (``check_sampling_params``): a client's mistake never reaches, nor counts against, a replica;
 - ``audit``: the audit log of refused and privileged requests;
 - ``connections``: ``GuardedHttpToolsProtocol``, the server's HTTP protocol (uvicorn's
-  httptools with a pipelining fix).
+  httptools with header/body read timeouts, a connection cap and a pipelining fix), and its
+  limits and counters, ``ConnectionGuard``.
 """
