@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from gateway.common.breaker import CircuitBreaker
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
+from gateway.routing.ledger_redis import RedisSessionLedger
 from gateway.routing.load import LoadScraper
 from gateway.routing.pipeline import PoolRouter
 from gateway.routing.pools import PoolRegistry
@@ -66,7 +67,13 @@ class RoutingService:
             rc = pool.config.routing
             self.store.configure(pool.key, rc.table_max_entries, rc.table_ttl_s,
                                  rc.table_max_bytes)
-            pool.router = PoolRouter(pool, self.store)
+            router = PoolRouter(pool, self.store)
+            if redis is not None:  # active sessions counted across every gateway replica
+                router.shared_ledger = RedisSessionLedger(
+                    redis.client, redis.breaker, router.ledger, pool=pool.key,
+                    prefix=st.routing_key_prefix, timeout_s=redis.timeout_s,
+                )
+            pool.router = router
         self.scraper = LoadScraper(pools, upstream)
         self._watch: asyncio.Task[None] | None = None
 
