@@ -26,9 +26,11 @@ from starlette.routing import Route
 
 from gateway.admit.audit import client_addr
 from gateway.admit.auth import PermissionDenied
+from gateway.admit.connections import GUARD_KEY, ConnectionGuard
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
 from gateway.asgi import Scope, send_error
+from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig, load_config
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.routes import install_console
@@ -136,21 +138,26 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     models = ModelIndex(config)
     metrics = GatewayMetrics(pools)
     holder: dict[str, GatewayState] = {}
-    routing_ref: dict[str, RoutingService] = {}  # prefix-affinity routing (lifespan)
 
     telemetry = Telemetry(config.telemetry, registry=metrics.registry)
-    gate = Gate(config)  # API keys (read here: a bad keys_file fails at startup), rate limits
+    # one Redis client and one circuit breaker, shared by rate limits, routing and usage totals
+    redis = RedisConnection.from_config(config.state)
+    # API keys (read here: a bad keys_file fails at startup), rate limits
+    gate = Gate(config, redis=redis)
     auto = AutoTier(config, pools)  # the auto tier's live estimates (issue 10)
     metrics.registry.register(auto.collector())
     console = ConsoleRecorder(config.console) if config.console.enabled else None  # issue 19
+    # slow/idle client limits, read by each connection's protocol from the lifespan state
+    guard = ConnectionGuard(config.server)
+    metrics.registry.register(guard.collector())
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         upstream = Upstream(config.upstream)
         health = HealthChecker(config.health, pools, upstream)
         usage: UsageStore = (
-            RedisUsageStore.from_url(config.state.redis_url, timeout_s=config.state.redis_timeout_s)
-            if config.state.redis_url
+            RedisUsageStore(redis.client, breaker=redis.breaker)
+            if redis is not None
             else MemoryUsageStore()
         )
         state = GatewayState(config, models, pools, upstream, health, metrics, telemetry, usage)
@@ -158,11 +165,10 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         state.console = console
         holder["state"] = state
         app.state.gateway = state
-        routing = RoutingService(config, pools, upstream)
+        routing = RoutingService(config, pools, upstream, redis=redis)
         routing_collector = routing.register_metrics(metrics.registry)
         process_collector = ProcessCollector(asyncio.get_running_loop())
         metrics.registry.register(process_collector)
-        routing_ref["service"] = routing
         discoveries = []
         for pool in pools.all():
             d = pool.config.discovery
@@ -180,7 +186,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         routing.start()
         auto.start()
         try:
-            yield
+            yield {GUARD_KEY: guard}  # the ASGI lifespan state: uvicorn hands it to protocols
         finally:
             await auto.stop()
             await routing.stop()
@@ -193,6 +199,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             await telemetry.shutdown()
             await usage.close()
             await gate.close()
+            if redis is not None:
+                await redis.close()
 
     app = FastAPI(
         title="speedgate",
@@ -274,8 +282,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             report[name] = tiers
             if not any(t["healthy"] for t in tiers.values()):
                 ready = False
-        # Redis down: still ready (routing falls back to consistent hashing), but degraded
-        degraded = "service" in routing_ref and routing_ref["service"].degraded
+        # Redis down (seen by any of its users: one breaker): still ready (routing falls back
+        # to consistent hashing, limits to local memory or 503), but degraded
+        degraded = redis is not None and redis.degraded
         status = ("degraded" if degraded else "ready") if ready else "not_ready"
         return _json(200 if ready else 503, {"status": status, "degraded": degraded,
                                              "models": report})

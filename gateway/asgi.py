@@ -7,7 +7,13 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, UnsupportedMediaType
+from gateway.errors import (
+    BodyTooLarge,
+    ClientTimeout,
+    GatewayError,
+    InvalidRequest,
+    UnsupportedMediaType,
+)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -30,7 +36,8 @@ async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
 
     Raises ``UnsupportedMediaType`` (415) unless the content type is ``application/json``,
     ``BodyTooLarge`` (413) as soon as the body (or its ``Content-Length``) exceeds ``limit``,
-    ``InvalidRequest`` (400) for an empty body, ``ClientDisconnected`` if the client leaves.
+    ``InvalidRequest`` (400) for an empty body, ``ClientDisconnected`` if the client leaves,
+    ``ClientTimeout`` (408) if the connection guard cut it for sending the body too slowly.
     """
     ctype = header(scope, b"content-type")
     if ctype is None or ctype.split(";", 1)[0].strip().lower() != "application/json":
@@ -45,6 +52,8 @@ async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
+            if scope.get("speedgate.client_timeout"):  # gateway.admit.connections
+                raise ClientTimeout(f"request body not received in time ({size} bytes read)")
             raise ClientDisconnected()
         chunk = msg.get("body", b"")
         if chunk:

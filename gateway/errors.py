@@ -95,6 +95,15 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
 
+class ClientTimeout(GatewayError):
+    """408: the client sent its request (headers or body) too slowly
+    (``gateway.admit.connections``); the connection is closed."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class NoHealthyReplica(GatewayError):
     """503: no replica of any pool in the request's fallback chain can take it now."""
 

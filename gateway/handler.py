@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
+from gateway.admit.params import check_sampling_params
 from gateway.admit.ratelimit import Reservation
 from gateway.asgi import (
     ClientDisconnected,
@@ -25,6 +26,7 @@ from gateway.asgi import (
     send_error,
     send_response,
 )
+from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.config import Prices
 from gateway.errors import GatewayError, UpstreamTimeout
@@ -62,7 +64,7 @@ class CompletionsEndpoint:
         accounted once."""
         state = self.state
         rec = RequestRecord(request_id=scope.get("speedgate.request_id", ""), path=self.path)
-        rec.session_id = header(scope, b"x-session-id")
+        rec.session_id = session_id_of(scope)
         trace = state.telemetry.start_request(
             scope["headers"], "chat" if self.kind == "chat" else "text_completion"
         )
@@ -81,6 +83,7 @@ class CompletionsEndpoint:
             raw_size = len(raw)
             body = parse_body(raw, self.kind)
             check_json_shape(body.doc, state.config.server.max_json_depth)
+            check_sampling_params(body.doc)  # a client's mistake never reaches a replica
             # 2. plan (restricted to the tiers the key is entitled to)
             treq = state.models.resolve(
                 body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
@@ -217,6 +220,13 @@ class CompletionsEndpoint:
         if rec.auto_reason:
             out.append((b"x-speedgate-auto-reason", rec.auto_reason.encode()))
         return out
+
+
+def session_id_of(scope: Scope) -> str | None:
+    """The request's ``x-session-id``, a long one as its fixed-size digest (``bounded_id``): what
+    the routing tables, the ledger, the auto tier, usage totals and the logs keep."""
+    raw = header(scope, b"x-session-id")
+    return bounded_id(raw) if raw is not None else None
 
 
 def usage_headers(

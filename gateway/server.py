@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import socket
 import sys
 from collections.abc import Callable
@@ -38,6 +39,23 @@ def bind_listener(host: str, port: int) -> socket.socket:
     sock.listen(2048)  # connections queue from now on, before the app has started
     sock.set_inheritable(True)
     return sock
+
+
+def raise_fd_limit(max_connections: int) -> None:
+    """Raise the soft ``RLIMIT_NOFILE`` so ``max_connections`` clients (each may hold an engine
+    connection too) fit: to ``2 × max_connections + 256`` or the hard limit, whichever is lower.
+    A cap the limit cannot fit is logged (connections then fail at accept before the cap)."""
+    if max_connections <= 0:
+        return
+    want = 2 * max_connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < want:
+        logging.getLogger("speedgate.server").warning(
+            "file descriptor limit %d is below the %d that server.max_connections=%d needs",
+            target, want, max_connections)
 
 
 def startup_summary(config: GatewayConfig, port: int) -> str:
@@ -76,12 +94,14 @@ def run_server(
     from uvicorn.supervisors import Multiprocess
 
     from engines.procs import write_port_file
+    from gateway.admit.connections import GuardedHttpToolsProtocol
     from gateway.app import create_app
     from gateway.telemetry.access_log import configure_access_log
 
     srv = config.server
     _configure_logging(srv.log_level)
     configure_access_log(config.telemetry.access_log_format)
+    raise_fd_limit(srv.max_connections)
     sock = bind_listener(srv.host, srv.port)
     port = int(sock.getsockname()[1])
     print(startup_summary(config, port), file=sys.stderr, flush=True)
@@ -89,10 +109,11 @@ def run_server(
         host=srv.host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        # httptools with read timeouts, a connection cap, a pipelining fix (admit.connections)
+        http=GuardedHttpToolsProtocol,
         log_level=srv.log_level,
         access_log=False,  # speedgate writes its own access log line per request
-        timeout_keep_alive=30,
+        timeout_keep_alive=srv.keepalive_timeout_s,
         timeout_graceful_shutdown=srv.graceful_shutdown_s,
         log_config=None,
     )

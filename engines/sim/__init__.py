@@ -12,6 +12,7 @@ Run it with ``python -m engines.sim --port 8000``; start it from tests with
 - ``faults``: the scripted fault schema;
 - ``sse``: the SSE event writer that applies framing faults;
 - ``protocol``: vLLM-shaped response, chunk and error bodies;
+- ``params``: ``stop`` and ``n`` checked as vLLM checks them (400s, never a 500);
 - ``completions``: the ``/v1/chat/completions`` and ``/v1/completions`` handlers;
 - ``server``: the aiohttp application, control and inspection endpoints;
 - ``metrics``: Prometheus metrics with vLLM's names.
@@ -51,7 +52,9 @@ Left as they are (documented, harmless for the gateway's contract):
 - ``/v1/completions`` without ``max_tokens`` generates 16 tokens in vLLM (OpenAI's default),
   chat up to the context; the simulator draws both from its output-length model;
 - a body that fails vLLM's schema (bad JSON, ``"temperature": "x"``) is a 400 with type
-  ``"Bad Request"`` and param ``body.<field>``; the simulator is lenient about field types;
+  ``"Bad Request"`` and param ``body.<field>``; the simulator checks ``stop`` and ``n`` that way
+  (and ``n`` within vLLM's ``VLLM_MAX_N_SEQUENCES``, ``params``) and is lenient about the other
+  field types;
 - the CPU backend's KV block is 128 tokens (GPU: 16), so cached prompt tokens come in multiples
   of 128 there; the simulator's ``--block-size`` defaults to the GPU's 16;
 - vLLM exports ~100 ``vllm:*`` series; the simulator exports the ones the gateway reads

@@ -1,6 +1,7 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: one handler, top-down.
 
-parse -> record -> faults (crash, headers delay, status) -> validate -> tokenise -> plan ->
+parse -> record -> faults (crash, headers delay, status) -> validate (``params``: ``stop`` and
+``n`` as vLLM checks them) -> tokenise -> plan ->
 schedule (engine, or the fixed ``chunk_interval_s`` clock) -> stream or answer. A client
 disconnect cancels the handler (``handler_cancellation=True``) or fails a write; either way the
 sequences leave the engine and the request counts as aborted.
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from engines.sim import protocol as P
 from engines.sim.engine import Job
 from engines.sim.faults import Faults
+from engines.sim.params import InvalidParam, check_n, check_stop
 from engines.sim.plans import Plan, make_plans
 from engines.sim.request import RequestContext
 from engines.sim.responder import respond_full, respond_stream
@@ -33,9 +35,10 @@ THREAD_THRESHOLD_CHARS = 200_000  # tokenise larger prompts in a worker thread
 class RequestError(Exception):
     """A client error answered with a vLLM-shaped error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 type_: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param = status, message, param
+        self.status, self.message, self.param, self.type_ = status, message, param, type_
 
 
 def error_response(state: SimState, faults: Faults | None, status: int, message: str,
@@ -94,7 +97,8 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             prompts, plans = await _prepare(state, body, faults, chat)
         except RequestError as e:
-            return error_response(state, faults, e.status, e.message, param=e.param)
+            return error_response(state, faults, e.status, e.message, param=e.param,
+                                  type_=e.type_)
         deliveries: AsyncIterator[list[tuple[int, int, bool]]]
         if faults.chunk_interval_s is not None:
             deliveries = _clock(plans, faults.chunk_interval_s)
@@ -131,6 +135,11 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
 async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: bool
                    ) -> tuple[list[Prompt], list[Plan]]:
     cfg = state.config
+    try:  # sampling parameters first, as vLLM's schema does: before any tokenising
+        n = check_n(body)
+        check_stop(body)
+    except InvalidParam as e:
+        raise RequestError(400, e.message, e.param, e.type_) from None
     model = body.get("model")
     if model is not None and model != cfg.model:
         raise RequestError(
@@ -167,11 +176,6 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
         else:
             prompts.append(analyse(t, bs))
     prompts.extend(analyse_ids(i, bs) for i in ids)
-    n = body.get("n", 1)
-    if n is None:
-        n = 1
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise RequestError(400, "n must be a positive integer", "n")
     requested = body.get("max_completion_tokens") if chat else None
     if requested is None:
         requested = body.get("max_tokens")

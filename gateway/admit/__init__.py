@@ -7,5 +7,10 @@
   ``RateLimited``); ``ratelimit_redis``: ``RedisLimiter``, the same limits shared by replicas;
 - ``hardening``: header and JSON-shape limits checked before any work (``check_headers``,
   ``check_json_shape``);
-- ``audit``: the audit log of refused and privileged requests.
+- ``params``: the client's sampling parameters against the OpenAI schema
+  (``check_sampling_params``): a client's mistake never reaches, nor counts against, a replica;
+- ``audit``: the audit log of refused and privileged requests;
+- ``connections``: ``GuardedHttpToolsProtocol``, the server's HTTP protocol (uvicorn's
+  httptools with header/body read timeouts, a connection cap and a pipelining fix), and its
+  limits and counters, ``ConnectionGuard``.
 """

@@ -37,7 +37,7 @@ from gateway.admit.ratelimit import (
 )
 from gateway.admit.ratelimit_redis import RedisLimiter
 from gateway.asgi import Scope, header
-from gateway.common.breaker import CircuitBreaker
+from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
 from gateway.plan.tiers import TierRequest
 from gateway.relay.body import ParsedBody
@@ -48,7 +48,9 @@ log = logging.getLogger("speedgate.admission")
 
 
 class Gate:
-    """Authentication, entitlements and rate limits of one gateway process."""
+    """Authentication, entitlements and rate limits of one gateway process. ``redis``: the
+    gateway's shared Redis connection (client and breaker) for the limits; None with
+    ``state.redis_url`` set builds a private one (closed by ``close``)."""
 
     def __init__(
         self,
@@ -56,34 +58,32 @@ class Gate:
         keyring: KeyRing | None = None,
         limiter: Limiter | None = None,
         audit: AuditLog | None = None,
+        redis: RedisConnection | None = None,
     ) -> None:
         self.config = config
         self.keyring = keyring or KeyRing(config.auth)
         self.audit = audit or AuditLog()
-        self.limiter: Limiter = limiter or self._limiter(config)
+        self._own_redis: RedisConnection | None = None
+        self.limiter: Limiter = limiter or self._limiter(config, redis)
         self._releases: set[asyncio.Task[None]] = set()
         if not self.keyring.enabled and config.server.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning("auth is off and the gateway listens on %s: anyone who reaches it can "
                         "use every model and tier (set auth.keys or auth.keys_file)",
                         config.server.host)
 
-    @staticmethod
-    def _limiter(config: GatewayConfig) -> Limiter:
+    def _limiter(self, config: GatewayConfig, redis: RedisConnection | None) -> Limiter:
         rl = config.rate_limits
         if not config.state.redis_url:
             return MemoryLimiter()
-        import redis.asyncio as aioredis
-
-        t = config.state.redis_timeout_s
-        client = aioredis.Redis.from_url(
-            config.state.redis_url, socket_timeout=t, socket_connect_timeout=t
-        )
+        if redis is None:
+            redis = self._own_redis = RedisConnection.from_config(config.state)
+        assert redis is not None
         return RedisLimiter(
-            client,
+            redis.client,
             prefix=rl.redis_prefix,
             slot_ttl_s=rl.slot_ttl_s,
             fail_mode=rl.fail_mode,
-            breaker=CircuitBreaker("ratelimit"),
+            breaker=redis.breaker,
         )
 
     @property
@@ -188,6 +188,8 @@ class Gate:
         close = getattr(self.limiter, "close", None)
         if close is not None:
             await close()
+        if self._own_redis is not None:
+            await self._own_redis.close()
 
 
 async def estimate_tokens(

@@ -89,8 +89,10 @@ return 1
 
 class RedisLimiter:
     """The limits in Redis, shared by all gateway replicas. ``client``: a
-    ``redis.asyncio.Redis`` with short timeouts; ``fallback``: the limiter used while Redis
-    cannot answer under ``fail_mode`` ``open``."""
+    ``redis.asyncio.Redis`` with short timeouts and ``breaker`` its circuit breaker (both from
+    the gateway's shared ``RedisConnection``); ``fallback``: the limiter used while Redis
+    cannot answer under ``fail_mode`` ``open``. ``close`` closes the client only when
+    ``owns_client``."""
 
     def __init__(
         self,
@@ -101,8 +103,10 @@ class RedisLimiter:
         fail_mode: str = "open",
         breaker: CircuitBreaker | None = None,
         fallback: MemoryLimiter | None = None,
+        owns_client: bool = False,
     ) -> None:
         self.client = client
+        self.owns_client = owns_client
         self.prefix = prefix
         self.slot_ttl_ms = int(slot_ttl_s * 1000)
         self.fail_mode = fail_mode
@@ -195,4 +199,5 @@ class RedisLimiter:
         return int(await self.client.zcount(key, now_ms, "+inf"))
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.owns_client:
+            await self.client.aclose()

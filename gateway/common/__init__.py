@@ -2,6 +2,8 @@
 
 - ``tasks``: ``every`` (a periodic loop) and ``cancel_and_wait`` (stopping background tasks);
 - ``breaker``: ``CircuitBreaker``, the one breaker type of every Redis user;
+- ``redis_conn``: ``RedisConnection``, the one Redis client and breaker every Redis user shares;
+- ``ids``: ``bounded_id`` (a long client-supplied id kept as a fixed-size digest);
 - ``urls``: ``redact_url`` (credentials out of URLs before they reach a log or a label);
 - ``usage``: ``Usage``, a request's token counts (the value type the relay, the access log, cost
   and the usage store share).

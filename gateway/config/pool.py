@@ -106,8 +106,9 @@ class RoutingConfig(_Strict):
     exceeds ``max(overload_min, overload_c × mean)`` (then it is rebound; 0 = never).
     ``chunk_chars``: characters per prefix block (~4 chars per token, so 2048 ≈ 512 tokens
     ≈ 32 vLLM blocks). ``max_hash_chars``: conversation characters hashed at most (the rest
-    only shares its replica). ``table_*``: the in-memory block-hash → replica table (entries;
-    ~120 bytes each) and the TTL (s) of every binding, in memory or Redis.
+    only shares its replica). ``table_*``: the in-memory block-hash → replica table, bounded by
+    entries (~230 bytes each) and by bytes (the session table and the active-session ledger get
+    a quarter of each), and the TTL (s) of every binding, in memory or Redis.
     ``load_scrape_interval_s``: how often each replica's ``/metrics`` is read (0 = never).
     """
 
@@ -123,6 +124,7 @@ class RoutingConfig(_Strict):
     chunk_chars: int = Field(2048, ge=64)
     max_hash_chars: int = Field(16 * 1024 * 1024, ge=1024)
     table_max_entries: int = Field(200_000, ge=16)
+    table_max_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     table_ttl_s: float = Field(3600.0, gt=0)
     load_scrape_interval_s: float = Field(1.0, ge=0)
 
@@ -185,7 +187,8 @@ class AutoConfig(_Strict):
     last turn used only when the other is faster by more than this fraction (the re-prefill of
     its conversation is already counted). ``min_samples``: measured requests a pool needs before
     its estimate is used (until then: fast while below ``auto_fast_max_inflight_per_replica``).
-    ``session_table_entries``/``session_ttl_s``: the session → tier table (LRU + TTL).
+    ``session_table_entries``/``session_table_max_bytes``/``session_ttl_s``: the session → tier
+    table (LRU + TTL, bounded by entries and by bytes).
     ``acceptance_scrape_interval_s``: how often the fast pool's ``vllm:spec_decode_*`` counters
     (scraped with the engine load, ``routing.load_scrape_interval_s``) become the acceptance
     estimate (0 = never). ``seed``: the exploration RNG's seed (None = random)."""
@@ -196,6 +199,7 @@ class AutoConfig(_Strict):
     switch_margin: float = Field(0.15, ge=0, lt=1)
     min_samples: int = Field(3, ge=1)
     session_table_entries: int = Field(100_000, ge=16)
+    session_table_max_bytes: int = Field(32 * 1024 * 1024, ge=64 * 1024)
     session_ttl_s: float = Field(3600.0, gt=0)
     acceptance_scrape_interval_s: float = Field(2.0, ge=0)
     seed: int | None = None

@@ -37,6 +37,30 @@ class ServerConfig(_Strict):
     max_json_depth: int = Field(
         64, ge=4, description="Deepest nesting of arrays/objects in a request body; deeper: 400."
     )
+    # Slow and idle clients (gateway.admit.connections). Defaults are Apache mod_reqtimeout's
+    # (header=20, body=20, MinRate=500): a client gets that long, plus one second per 500 body
+    # bytes received, before it is answered 408 and disconnected.
+    header_timeout_s: float = Field(
+        20.0, gt=0, description="connection accepted (or a new request begun) -> request headers "
+        "complete; else 408 and the connection is closed (also bounds a client that sends nothing)",
+    )
+    body_timeout_s: float = Field(
+        20.0, gt=0, description="headers complete -> body complete, extended by one second per "
+        "body_min_rate_bytes_per_s bytes received; else 408 and the connection is closed",
+    )
+    body_min_rate_bytes_per_s: int = Field(
+        500, ge=0, description="each this many body bytes extend body_timeout_s by a second "
+        "(0: the body must arrive within body_timeout_s)",
+    )
+    max_connections: int = Field(
+        10_000, ge=0, description="open client connections per worker process; one more is "
+        "answered 503 and closed at once (0 = no cap; the soft file-descriptor limit is raised "
+        "to fit when the hard limit allows)",
+    )
+    keepalive_timeout_s: float = Field(
+        30.0, gt=0, description="an idle keep-alive connection is closed after this (uvicorn's "
+        "timeout_keep_alive)",
+    )
 
 
 class UpstreamConfig(_Strict):

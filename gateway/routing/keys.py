@@ -1,6 +1,7 @@
 """What a request is routed by: its session key and the chain hash of its prefix blocks.
 
-**Session key** (DESIGN §6): the ``x-session-id`` header when present, else a hash of the
+**Session key** (DESIGN §6): the ``x-session-id`` header when present (a long one as its
+fixed-size digest, ``gateway.common.ids.bounded_id``), else a hash of the
 leading messages (every message up to and including the first ``user`` message, e.g. the system
 prompt and the task), so an agent that sends no header still sticks: later turns resend the
 same leading messages. Completions (``prompt``) use the prompt's first ``chunk_chars``.
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from gateway.common.ids import bounded_id
 
 #: Conversations with more characters than this are hashed in a worker thread.
 THREAD_CHARS = 256 * 1024
@@ -76,11 +79,13 @@ def message_texts(doc: dict[str, Any]) -> list[str]:
 def session_key(
     doc: dict[str, Any], header: str | None, lead_chars: int = 4096, scope: str | None = None
 ) -> str:
-    """``"h:" + header`` when given, else ``"p:" + hex`` of the leading messages (through the
-    first user message, ``lead_chars`` of each at most; a completion's prompt start).
+    """``"h:" + header`` when given (a header over ``MAX_ID_CHARS`` as its digest), else
+    ``"p:" + hex`` of the leading messages (through the first user message, ``lead_chars`` of
+    each at most; a completion's prompt start).
     ``scope`` (the API key's id when auth is on) keeps tenants' sessions apart even when they
     send the same session id or the same opening messages."""
     if header:
+        header = bounded_id(header)
         return f"h:{scope}/{header}" if scope else "h:" + header
     h = hashlib.blake2b(digest_size=12)
     if scope:

@@ -13,7 +13,8 @@ For each attempt, candidates are the pool's usable replicas not tried yet. With 
    unless a replica is clearly imbalanced).
 2. **(Re)bind.** A new session, or one whose replica is gone, tried, or overloaded, is bound
    under the bounded-load rule (Mirrokni, Thorup, Zadimoghaddam 2018) with **active sessions**
-   as the load (``ledger``): no replica that would then hold more than ``ceil(c × (S + 1) /
+   as the load (``ledger``; shared by every gateway replica through Redis when the state store
+   is Redis, ``ledger_redis``): no replica that would then hold more than ``ceil(c × (S + 1) /
    n)`` sessions, c = ``bounded_load_c``; overloaded replicas are skipped too. Among the rest
    the weighted scorers pick: ``prefix`` favours the replica holding the longest (even partial)
    prefix of the conversation, ``load`` the one with fewest requests and sessions, ``hash``
@@ -38,6 +39,7 @@ from gateway.routing.filters import not_tried, overloaded, under_bound
 from gateway.routing.hashring import hash_order
 from gateway.routing.keys import RouteRequest, sampled_indices
 from gateway.routing.ledger import SessionLedger
+from gateway.routing.ledger_redis import RedisSessionLedger
 from gateway.routing.load import replica_load
 from gateway.routing.picker import RoundRobin, pick_best, weighted_scores
 from gateway.routing.pools import Pool, Replica
@@ -52,7 +54,8 @@ class PoolRouter:
     """Picks a replica of ``pool`` for one attempt; ``decisions`` counts why (metrics)."""
 
     def __init__(
-        self, pool: Pool, store: RoutingStore, rng: random.Random | None = None
+        self, pool: Pool, store: RoutingStore, rng: random.Random | None = None,
+        shared_ledger: RedisSessionLedger | None = None,
     ) -> None:
         self.pool = pool
         self.store = store
@@ -60,7 +63,11 @@ class PoolRouter:
         self.round_robin = RoundRobin()
         self.decisions: Counter[str] = Counter()
         cfg = pool.config.routing
-        self.ledger = SessionLedger(cfg.session_idle_s, max(16, cfg.table_max_entries // 4))
+        # active sessions per replica: this process's ledger, and with Redis the shared one
+        # (which keeps this one in step and falls back to it)
+        self.ledger = SessionLedger(cfg.session_idle_s, max(16, cfg.table_max_entries // 4),
+                                    max_bytes=cfg.table_max_bytes // 4)
+        self.shared_ledger = shared_ledger
         self._pending: set[asyncio.Task[None]] = set()
 
     async def pick(
@@ -100,13 +107,17 @@ class PoolRouter:
         ctx = ScoreContext(lookup, len(blocks), hash_order(route.session_key, self.pool.replicas),
                            loads, min(len(blocks), route.lead_blocks(cfg.chunk_chars)))
         if uses_store and lookup is not None:
-            choice = self._pick_session(route.session_key, ctx, cands, weights, now)
+            choice = await self._pick_session(route.session_key, ctx, cands, weights, now)
         else:
             bounded = under_bound(cands, loads, cfg.bounded_load_c, cfg.bounded_load_min)
             choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
         assert choice is not None
         if uses_store:
-            self.ledger.touch(route.session_key, choice.name, now)
+            if self.shared_ledger is not None:
+                names = [r.name for r in self.pool.replicas]
+                self.shared_ledger.touch(route.session_key, choice.name, now, names)
+            else:
+                self.ledger.touch(route.session_key, choice.name, now)
         self.decisions[self._reason(lookup, uses_store, choice, ctx.lead_blocks)] += 1
         if uses_store and lookup is not None:
             held = lookup.depth.get(choice.name, 0)
@@ -114,7 +125,7 @@ class PoolRouter:
             self._record(route.session_key, blocks, todo, choice.name)
         return choice
 
-    def _pick_session(
+    async def _pick_session(
         self, session: str, ctx: ScoreContext, cands: list[Replica],
         weights: dict[str, float], now: float,
     ) -> Replica | None:
@@ -132,7 +143,10 @@ class PoolRouter:
                 home = [r for r in home if ctx.loads[r] == low]
             if home[0] not in hot:
                 return home[0]
-        counts = self.ledger.counts(now, without=session)
+        if self.shared_ledger is not None:  # every gateway's sessions, not only this one's
+            counts = await self.shared_ledger.counts(now, session, [r.name for r in cands])
+        else:
+            counts = self.ledger.counts(now, without=session)
         ctx.sessions = {r: counts.get(r.name, 0) for r in cands}
         cool = [r for r in cands if r not in hot] or cands
         bounded = [r for r in under_bound(cands, ctx.sessions, cfg.bounded_load_c) if r in cool]
@@ -164,3 +178,5 @@ class PoolRouter:
         """Wait for the bindings being written (tests, shutdown)."""
         while self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
+        if self.shared_ledger is not None:
+            await self.shared_ledger.drain()

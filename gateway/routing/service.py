@@ -1,10 +1,11 @@
-"""The routing service of one gateway process: state store (memory, or Redis behind the shared
-circuit breaker), one ``PoolRouter`` per pool, the ``/metrics`` load scraper, a Redis watcher
-that notices recovery while idle, and the routing metrics. Started and stopped by the app's
-lifespan.
+"""The routing service of one gateway process: state store (memory, or Redis through the
+gateway's shared ``RedisConnection`` and its circuit breaker), one ``PoolRouter`` per pool, the
+``/metrics`` load scraper, a Redis watcher that notices recovery while idle, and the routing
+metrics. Started and stopped by the app's lifespan.
 
-Metrics (no session ids as labels): ``speedgate_state_store_degraded`` (1 while Redis is down
-and routing runs on consistent hashing), ``speedgate_state_store_circuit_opened_total``,
+Metrics (no session ids as labels): ``speedgate_state_store_degraded`` (1 while Redis is down,
+whichever of its users noticed: routing then runs on consistent hashing),
+``speedgate_state_store_circuit_opened_total`` (of the shared breaker),
 ``speedgate_routing_decisions_total{pool, reason}`` with reason ``prefix`` (the replica holding
 the longest known prefix), ``session`` (the session's replica), ``new`` (nothing known),
 ``spill`` (affinity given up: the replica overloaded, tried or gone), ``hash_fallback``
@@ -22,7 +23,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.common.breaker import CircuitBreaker
+from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
+from gateway.routing.ledger_redis import RedisSessionLedger
 from gateway.routing.load import LoadScraper
 from gateway.routing.pipeline import PoolRouter
 from gateway.routing.pools import PoolRegistry
@@ -31,32 +34,46 @@ from gateway.upstream.client import Upstream
 
 
 class RoutingService:
-    """Owns the routing state; ``degraded`` is True while Redis is unreachable."""
+    """Owns the routing state; ``degraded`` is True while Redis is unreachable.
+
+    ``redis``: the gateway's shared connection (its breaker is the one every Redis user
+    reports to); None with ``state.redis_url`` set builds a private one (closed by ``stop``)."""
 
     def __init__(
         self,
         config: GatewayConfig,
         pools: PoolRegistry,
         upstream: Upstream,
-        breaker: CircuitBreaker | None = None,
+        redis: RedisConnection | None = None,
     ) -> None:
         st = config.state
         self.pools = pools
-        self.breaker = breaker or CircuitBreaker(
+        self._own_redis = redis is None and st.redis_url is not None
+        if self._own_redis:
+            redis = RedisConnection.from_config(st)
+        self.redis = redis
+        self.breaker = redis.breaker if redis is not None else CircuitBreaker(
             "routing", failures=st.breaker_failures, cooldown_s=st.breaker_cooldown_s
         )
         self.store: MemoryRoutingStore | RedisRoutingStore
-        if st.redis_url:
-            self.store = RedisRoutingStore.from_url(
-                st.redis_url, self.breaker, timeout_s=st.redis_timeout_s,
+        if redis is not None:
+            self.store = RedisRoutingStore(
+                redis.client, redis.breaker, timeout_s=redis.timeout_s,
                 prefix=st.routing_key_prefix,
             )
         else:
             self.store = MemoryRoutingStore()
         for pool in pools.all():
             rc = pool.config.routing
-            self.store.configure(pool.key, rc.table_max_entries, rc.table_ttl_s)
-            pool.router = PoolRouter(pool, self.store)
+            self.store.configure(pool.key, rc.table_max_entries, rc.table_ttl_s,
+                                 rc.table_max_bytes)
+            router = PoolRouter(pool, self.store)
+            if redis is not None:  # active sessions counted across every gateway replica
+                router.shared_ledger = RedisSessionLedger(
+                    redis.client, redis.breaker, router.ledger, pool=pool.key,
+                    prefix=st.routing_key_prefix, timeout_s=redis.timeout_s,
+                )
+            pool.router = router
         self.scraper = LoadScraper(pools, upstream)
         self._watch: asyncio.Task[None] | None = None
 
@@ -74,8 +91,8 @@ class RoutingService:
     async def _watch_redis(self) -> None:
         while True:
             await asyncio.sleep(self.breaker.cooldown_s / 2)
-            if self.breaker.degraded and self.breaker.allow():
-                await self.store.ping()
+            if self.breaker.degraded:
+                await self.store.ping()  # through the breaker: the half-open trial, if due
 
     async def stop(self) -> None:
         """Stop the tasks, flush pending writes, close the store."""
@@ -88,6 +105,8 @@ class RoutingService:
             if pool.router is not None:
                 await pool.router.drain()
         await self.store.close()
+        if self._own_redis and self.redis is not None:
+            await self.redis.close()
 
     def register_metrics(self, registry: CollectorRegistry) -> Collector:
         """Expose the routing metrics in ``registry`` (the gateway's ``/metrics``); returns
@@ -105,14 +124,15 @@ class _RoutingCollector(Collector):
         s = self.service
         g = GaugeMetricFamily(
             "speedgate_state_store_degraded",
-            "1 while the shared state store (Redis) is unreachable and routing falls back to "
-            "consistent hashing on the session key",
+            "1 while the shared state store (Redis) is unreachable, as seen by any of its users "
+            "(routing, rate limits, usage totals); routing falls back to consistent hashing on "
+            "the session key",
         )
         g.add_metric([], 1.0 if s.degraded else 0.0)
         yield g
         c = CounterMetricFamily(
             "speedgate_state_store_circuit_opened",
-            "Times the Redis circuit breaker of the routing store opened",
+            "Times the Redis circuit breaker (shared by every Redis user) opened",
         )
         c.add_metric([], float(s.breaker.opened))
         yield c

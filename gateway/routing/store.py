@@ -85,10 +85,16 @@ class MemoryRoutingStore:
         self._sessions: dict[str, AffinityTable] = {}
         self._blocks: dict[str, AffinityTable] = {}
 
-    def configure(self, pool: str, max_entries: int, ttl_s: float) -> None:
-        """Size ``pool``'s tables (its ``routing`` config); sessions get a quarter."""
-        self._blocks[pool] = AffinityTable(max_entries, ttl_s)
-        self._sessions[pool] = AffinityTable(max(16, max_entries // 4), ttl_s)
+    def configure(
+        self, pool: str, max_entries: int, ttl_s: float, max_bytes: int | None = None
+    ) -> None:
+        """Size ``pool``'s tables (its ``routing`` config: entries, and bytes when given);
+        sessions get a quarter of each."""
+        self._blocks[pool] = AffinityTable(max_entries, ttl_s, max_bytes=max_bytes)
+        self._sessions[pool] = AffinityTable(
+            max(16, max_entries // 4), ttl_s,
+            max_bytes=max_bytes // 4 if max_bytes is not None else None,
+        )
 
     def _tables(self, pool: str) -> tuple[AffinityTable, AffinityTable]:
         if pool not in self._blocks:
@@ -119,7 +125,9 @@ class MemoryRoutingStore:
 
 class RedisRoutingStore:
     """Bindings in Redis, shared by gateway replicas. ``client``: a ``redis.asyncio.Redis``
-    with short socket timeouts (``from_url``); ``timeout_s`` also bounds each call as a whole."""
+    with short socket timeouts (the gateway's shared ``RedisConnection``, or ``from_url``);
+    ``timeout_s`` also bounds each call as a whole. ``close`` closes the client only when
+    ``owns_client`` (``from_url``)."""
 
     def __init__(
         self,
@@ -129,8 +137,10 @@ class RedisRoutingStore:
         prefix: str = "speedgate:route:",
         ttl_s: float = 3600.0,
         timeout_s: float = 0.1,
+        owns_client: bool = False,
     ) -> None:
         self.client = client
+        self.owns_client = owns_client
         self.breaker = breaker
         self.prefix = prefix
         self.ttl_s = ttl_s
@@ -147,13 +157,15 @@ class RedisRoutingStore:
         client = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
-        return cls(client, breaker, timeout_s=timeout_s, **kwargs)
+        return cls(client, breaker, timeout_s=timeout_s, owns_client=True, **kwargs)
 
     @property
     def degraded(self) -> bool:
         return self.breaker.degraded
 
-    def configure(self, pool: str, max_entries: int, ttl_s: float) -> None:
+    def configure(
+        self, pool: str, max_entries: int, ttl_s: float, max_bytes: int | None = None
+    ) -> None:
         """``pool``'s binding TTL (s); Redis bounds memory by TTL and ``maxmemory``."""
         self.ttls[pool] = max(1, round(ttl_s))
 
@@ -214,4 +226,5 @@ class RedisRoutingStore:
         return bool(await self._call(self.client.ping))
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.owns_client:
+            await self.client.aclose()

@@ -1,14 +1,19 @@
 """The access log: one line per request with ids, tier, replica, status, tokens and timings.
 
 Never the prompt, the completion or an API key (DESIGN §10). Replica URLs are redacted.
-Two formats: ``text`` (``key=value`` pairs, the default) and ``json`` (one JSON object per line,
+Two formats: ``text`` (``key=value`` pairs, the default; a value with anything beyond
+``[A-Za-z0-9._:/@+,-]`` is written as a JSON string literal, ASCII-escaped, so a client-supplied
+value such as ``x-session-id: a key_id=admin`` can add neither a field nor a line) and ``json``
+(one JSON object per line,
 fields of ``access_fields``; ``configure_access_log("json")`` makes the logger write bare JSON
 lines to a stream for log shippers).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import IO, Any, Literal
@@ -21,6 +26,18 @@ AccessLogFormat = Literal["text", "json"]
 
 access_log = logging.getLogger("speedgate.access")
 
+_BARE = re.compile(r"[A-Za-z0-9._:/@+,\-]+")
+
+
+def quote_value(value: object) -> str:
+    """``value`` as one token of a ``key=value`` line: bare when it is made only of
+    ``[A-Za-z0-9._:/@+,-]`` (ids, tiers, replica names, numbers; None as ``None``), else a JSON
+    string literal with every quote, backslash, control and non-ASCII character escaped."""
+    text = value if isinstance(value, str) else str(value)
+    if _BARE.fullmatch(text):
+        return text
+    return json.dumps(text)
+
 
 def log_request(rec: RequestRecord) -> None:
     """Emit the access log line for ``rec`` (logger ``speedgate.access``, level INFO)."""
@@ -32,19 +49,19 @@ def log_request(rec: RequestRecord) -> None:
         "fallback=%s replica=%s stream=%s "
         "attempts=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
         "completion_tokens=%s ttft_s=%s e2e_s=%.4f",
-        rec.request_id,
-        rec.key_id,
-        rec.session_id,
-        rec.path,
-        rec.model,
-        rec.asked_tier,
-        rec.served_tier,
-        rec.fallback,
-        rec.replica,
+        quote_value(rec.request_id),
+        quote_value(rec.key_id),
+        quote_value(rec.session_id),
+        quote_value(rec.path),
+        quote_value(rec.model),
+        quote_value(rec.asked_tier),
+        quote_value(rec.served_tier),
+        quote_value(rec.fallback),
+        quote_value(rec.replica),
         rec.stream,
         rec.attempts,
         rec.status,
-        rec.outcome,
+        quote_value(rec.outcome),
         u.prompt if u else None,
         u.cached if u else None,
         u.completion if u else None,

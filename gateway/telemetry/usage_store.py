@@ -7,27 +7,29 @@ TTFT and end-to-end time, behind one interface with two implementations.
   hash per key and per session (``{prefix}key:{id}``, ``{prefix}session:{id}``), updated by
   ``HINCRBY``/``HINCRBYFLOAT`` in one ``MULTI`` pipeline so a reader never sees half a request;
   sessions expire ``session_ttl_s`` after their last request. Short socket timeouts (100 ms by
-  default, case redis-outage) and a small breaker: after ``breaker_failures`` failures in a row
-  Redis is skipped for ``breaker_cooldown_s`` (adds are dropped and counted in ``dropped``).
+  default, case redis-outage) and the circuit breaker of the gateway's shared Redis connection
+  (``gateway.common.redis_conn``): while it is open Redis is skipped (adds are dropped and
+  counted in ``dropped``, reads answer ``UsageStoreUnavailable`` at once).
 
 ``add()`` never raises: accounting must not fail a request that was served (call it after the
 response is complete). ``get_key``/``get_session`` raise ``UsageStoreUnavailable`` when the
 store cannot answer (an admin endpoint answers 503). Times in seconds, cost in USD. Ids longer
-than 200 characters are stored under their SHA-256.
+than 200 characters are stored under their SHA-256 (``gateway.common.ids.bounded_id``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
+from gateway.common.breaker import CircuitBreaker
+from gateway.common.ids import bounded_id
+
 log = logging.getLogger("speedgate.usage")
 
-_MAX_ID_CHARS = 200
 _INT_FIELDS = (
     "requests",
     "errors",
@@ -142,10 +144,7 @@ class UsageStore(Protocol):
         """Release connections."""
 
 
-def _id(raw: str) -> str:
-    if len(raw) <= _MAX_ID_CHARS:
-        return raw
-    return "sha256:" + hashlib.sha256(raw.encode()).hexdigest()
+_id = bounded_id
 
 
 class MemoryUsageStore:
@@ -183,7 +182,9 @@ class MemoryUsageStore:
 
 class RedisUsageStore:
     """Totals in Redis, shared by gateway replicas. ``client`` is a ``redis.asyncio.Redis``
-    (``from_url`` builds one with the short timeouts)."""
+    and ``breaker`` its circuit breaker (the gateway's shared ``RedisConnection``); without
+    one, a breaker of ``breaker_failures`` / ``breaker_cooldown_s`` is built. ``from_url``
+    builds a client with the short timeouts (closed by ``close``: ``owns_client``)."""
 
     def __init__(
         self,
@@ -191,17 +192,19 @@ class RedisUsageStore:
         *,
         prefix: str = "speedgate:usage:",
         session_ttl_s: int = 7 * 24 * 3600,
+        breaker: CircuitBreaker | None = None,
         breaker_failures: int = 3,
         breaker_cooldown_s: float = 5.0,
+        owns_client: bool = False,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.session_ttl_s = session_ttl_s
-        self.breaker_failures = breaker_failures
-        self.breaker_cooldown_s = breaker_cooldown_s
+        self.breaker = breaker or CircuitBreaker(
+            "usage", failures=breaker_failures, cooldown_s=breaker_cooldown_s
+        )
+        self.owns_client = owns_client
         self.dropped = 0  # adds lost to a Redis failure or an open breaker
-        self._failures = 0
-        self._open_until = 0.0
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float = 0.1, **kwargs: Any) -> RedisUsageStore:
@@ -212,7 +215,7 @@ class RedisUsageStore:
         client = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
-        return cls(client, **kwargs)
+        return cls(client, owns_client=True, **kwargs)
 
     def key_hash(self, key_id: str) -> str:
         """The Redis key of ``key_id``'s totals."""
@@ -243,7 +246,7 @@ class RedisUsageStore:
     async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta) -> None:
         if key_id is None and session_id is None:
             return
-        if time.monotonic() < self._open_until:
+        if not self.breaker.allow():
             self.dropped += 1
             return
         now = time.time()
@@ -257,23 +260,20 @@ class RedisUsageStore:
                     pipe.expire(name, self.session_ttl_s)
                 await pipe.execute()
         except Exception as e:  # redis errors, timeouts, OSError: never fail the request
-            self._failed(e)
+            self.dropped += 1
+            self.breaker.failure(e)
             return
-        self._failures = 0
-
-    def _failed(self, e: BaseException) -> None:
-        self.dropped += 1
-        self._failures += 1
-        if self._failures >= self.breaker_failures:
-            self._open_until = time.monotonic() + self.breaker_cooldown_s
-        if self._failures == 1 or self._failures % 100 == 0:
-            log.warning("usage store: Redis add failed (%d in a row): %r", self._failures, e)
+        self.breaker.success()
 
     async def _get(self, name: str) -> UsageTotals:
+        if not self.breaker.allow():
+            raise UsageStoreUnavailable("Redis unavailable (circuit open)")
         try:
             h = await self.client.hgetall(name)
         except Exception as e:
+            self.breaker.failure(e)
             raise UsageStoreUnavailable(f"Redis read failed: {e!r}") from None
+        self.breaker.success()
         return UsageTotals.from_hash(h)
 
     async def get_key(self, key_id: str) -> UsageTotals:
@@ -283,7 +283,8 @@ class RedisUsageStore:
         return await self._get(self.session_hash(session_id))
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.owns_client:
+            await self.client.aclose()
 
 
 __all__ = [

@@ -124,7 +124,8 @@ class AutoTier:
             p.key: PoolEstimator(self.models[p.model].half_life_s, p.tier) for p in pools.all()
         }
         self.sessions: dict[str, AffinityTable] = {
-            n: AffinityTable(m.auto.session_table_entries, m.auto.session_ttl_s)
+            n: AffinityTable(m.auto.session_table_entries, m.auto.session_ttl_s,
+                             max_bytes=m.auto.session_table_max_bytes)
             for n, m in config.models.items()
         }
         seed = next((m.auto.seed for m in config.models.values() if m.auto.seed is not None), None)

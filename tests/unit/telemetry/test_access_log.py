@@ -3,6 +3,9 @@
 import io
 import json
 import logging
+import re
+
+import pytest
 
 from gateway.common.usage import Usage
 from gateway.telemetry.access_log import (
@@ -67,3 +70,53 @@ def test_configure_json_writes_bare_lines_and_text_still_works(caplog):
     assert len(caplog.records) == 2
     assert "request_id=req-1" in caplog.records[0].getMessage()
     assert stream.getvalue().count("\n") == 2  # the JSON handler is gone
+
+
+_FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)(?: |$)')
+
+
+def _fields(line: str) -> list[tuple[str, str]]:
+    """``key=value`` tokens of a text access line; a quoted value decoded as JSON. Asserts the
+    tokens cover the whole line (nothing between or after them)."""
+    out, pos = [], 0
+    for m in _FIELD.finditer(line):
+        assert m.start() == pos, f"stray text at {pos}: {line[pos:m.start()]!r}"
+        value = m.group(2)
+        out.append((m.group(1), json.loads(value) if value.startswith('"') else value))
+        pos = m.end()
+    assert pos == len(line)
+    return out
+
+
+@pytest.mark.parametrize("session_id", [
+    "a key_id=admin status=200",
+    'x" key_id="admin',
+    "evil\nrequest_id=forged key_id=admin",
+    "tab\tand\u2028line separator and \\ backslash",
+])
+def test_text_access_log_cannot_be_forged(caplog, session_id):
+    """Issue 21, "the text access log can be forged": a client-supplied value (here the
+    ``x-session-id``, also the engine's error code in ``outcome``) can add neither a field nor a
+    line; it reads back exactly."""
+    rec = _rec()
+    rec.session_id = session_id
+    rec.outcome = "bad code=1"
+    with caplog.at_level(logging.INFO, logger="speedgate.access"):
+        log_request(rec)
+    line = caplog.records[0].getMessage()
+    assert "\n" not in line and "\u2028" not in line
+    fields = _fields(line)
+    keys = [k for k, _ in fields]
+    assert len(keys) == len(set(keys)) and keys.count("key_id") == 1
+    got = dict(fields)
+    assert got["session_id"] == session_id and got["key_id"] == "team-a"
+    assert got["status"] == "200" and got["outcome"] == "bad code=1"
+    assert got["request_id"] == "req-1" and got["replica"] == "http://10.0.0.5:8000"
+
+
+def test_plain_values_stay_bare():
+    from gateway.telemetry.access_log import quote_value
+
+    assert quote_value("model/fast/0") == "model/fast/0" and quote_value(None) == "None"
+    assert quote_value("fast:http-503,standard:ok") == "fast:http-503,standard:ok"
+    assert quote_value("") == '""' and quote_value("a b") == '"a b"'

@@ -114,7 +114,7 @@ def test_redis_down_never_fails_add_and_breaker_opens(prefix):
                                      breaker_failures=2, breaker_cooldown_s=60)
         for _ in range(5):
             await s.add("k", "s", D1)  # never raises
-        assert s.dropped == 5 and s._failures == 2  # the breaker skipped the last three
+        assert s.dropped == 5 and s.breaker.skipped == 3  # the breaker skipped the last three
         with pytest.raises(UsageStoreUnavailable):
             await s.get_key("k")
         await s.close()
