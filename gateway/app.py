@@ -352,7 +352,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     if console is not None:  # GET /console, /v1/console/state and the / redirect
         install_console(app, ConsoleSources(
             config, pools, console, auto,
-            degraded=lambda: "service" in routing_ref and routing_ref["service"].degraded,
+            degraded=lambda: redis is not None and redis.degraded,
             auth_enabled=gate.enabled,
         ), gate)
 
