@@ -27,7 +27,7 @@ from gateway.asgi import (
 )
 from gateway.common.usage import Usage
 from gateway.config import Prices
-from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.errors import GatewayError, UnreadableResponse, UpstreamTimeout
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
 from gateway.plan.tiers import TIER_TO_SERVICE_TIER
@@ -205,6 +205,8 @@ class CompletionsEndpoint:
             self.state.metrics.record_timeout(pool, result.error.stage)
             if result.error.stage == "total":
                 return  # the deadline expired: not the replica's fault
+        if isinstance(result.error, UnreadableResponse):
+            return  # deterministic (an oversized event): not the replica's health
         pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
 
     @staticmethod

@@ -11,7 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gateway.errors import EngineClientError, GatewayError, NoHealthyReplica, UpstreamTimeout
+from gateway.errors import (
+    EngineClientError,
+    GatewayError,
+    NoHealthyReplica,
+    UnreadableResponse,
+    UpstreamTimeout,
+)
 from gateway.plan.chain import Plan
 from gateway.relay.body import ParsedBody, upstream_body
 from gateway.routing import RouteRequest, pick_replica
@@ -37,7 +43,8 @@ async def open_with_failover(
     replica not tried yet, until one answers. ``timeout_s`` (from the request's headers) may
     shorten the first pool's ``total_s``, which bounds the whole request.
 
-    Raises the last ``GatewayError`` (the engine's 4xx at once, never retried), an
+    Raises the last ``GatewayError`` (the engine's 4xx and ``UnreadableResponse`` at once,
+    never retried, neither counted against the replica), an
     ``UpstreamTimeout`` when the deadline expires, or ``NoHealthyReplica`` (503) when no pool
     had a usable replica. Records ``rec.attempts``, ``rec.retries``, ``rec.fallback``,
     ``rec.served_tier``, ``rec.replica``, ``rec.ttft_s`` and ``rec.queue_s``.
@@ -142,6 +149,10 @@ async def open_with_failover(
             except EngineClientError as e:
                 span.end("client-error", status=e.status)
                 metrics.record_attempt(pool, "client-error")
+                raise
+            except UnreadableResponse as e:  # deterministic: the same on any replica
+                span.end("unreadable", status=e.status)
+                metrics.record_attempt(pool, "unreadable")
                 raise
             except BaseException:
                 span.end("cancelled")
