@@ -154,7 +154,8 @@ def parse_engine_error(
     (and any other non-200 below 400) become 502 ``upstream_error``, except a 503 with a
     ``Retry-After`` (``retry_after_s``, seconds): that stays a 503 ``upstream_unavailable``
     carrying it, so a client that the gateway cannot make wait learns when to come back; 4xx
-    keep their status. ``retry_after_s`` is kept on the error either way.
+    keep their status, and a string ``code`` (the engine's, else the status's name:
+    ``not_found``). ``retry_after_s`` is kept on the error either way.
     """
     message: str | None = None
     param: str | None = None
@@ -195,9 +196,24 @@ def parse_engine_error(
         status=status,
         type=_openai_type(status),
         param=param,
-        code=code if isinstance(code, str) else None,
+        # vLLM sends the status as an int code (or none): a client switches on a string
+        code=code if isinstance(code, str) and code else _status_code(status),
         retry_after_s=retry_after_s,
     )
+
+
+#: ``code`` of an engine 4xx that names none (vLLM sends ``code: 404``, an int): the snake_case
+#: name of the HTTP status (RFC 9110 §15.5), as the gateway's own errors use (``not_found``).
+_STATUS_CODES = {
+    400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+    405: "method_not_allowed", 408: "request_timeout", 409: "conflict",
+    413: "request_too_large", 415: "unsupported_media_type", 422: "unprocessable_content",
+    429: "rate_limit_exceeded",
+}
+
+
+def _status_code(status: int) -> str:
+    return _STATUS_CODES.get(status, f"http_{status}")
 
 
 def _openai_type(status: int) -> str:

@@ -1,6 +1,8 @@
 """The access log: one line per request with ids, tier, replica, status, tokens and timings.
 
-Never the prompt, the completion or an API key (DESIGN §10). Replica URLs are redacted.
+Never the prompt, the completion or an API key (DESIGN §10). Replicas are named
+``model/tier/index``, never by address. ``tier`` and ``replica`` are the ones that served, or,
+when none did (an error, a client gone before the first byte: 499), the last ones tried.
 Two formats: ``text`` (``key=value`` pairs, the default) and ``json`` (one JSON object per line,
 fields of ``access_fields``; ``configure_access_log("json")`` makes the logger write bare JSON
 lines to a stream for log shippers).
@@ -31,14 +33,14 @@ def log_request(rec: RequestRecord) -> None:
         "request_id=%s key_id=%s session_id=%s path=%s model=%s tier_asked=%s tier=%s "
         "fallback=%s replica=%s stream=%s "
         "attempts=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
-        "completion_tokens=%s ttft_s=%s e2e_s=%.4f",
+        "completion_tokens=%s cost_usd=%s ttft_s=%s e2e_s=%.4f",
         rec.request_id,
         rec.key_id,
         rec.session_id,
         rec.path,
         rec.model,
         rec.asked_tier,
-        rec.served_tier,
+        rec.served_tier or rec.tried_tier,
         rec.fallback,
         rec.replica,
         rec.stream,
@@ -48,6 +50,7 @@ def log_request(rec: RequestRecord) -> None:
         u.prompt if u else None,
         u.cached if u else None,
         u.completion if u else None,
+        f"{rec.cost_usd:.8f}" if rec.cost_usd is not None else None,
         f"{rec.ttft_s:.4f}" if rec.ttft_s is not None else None,
         rec.e2e_s or 0.0,
     )
@@ -69,7 +72,7 @@ def access_fields(rec: RequestRecord) -> dict[str, Any]:
         "path": rec.path,
         "model": rec.model,
         "tier_asked": rec.asked_tier,
-        "tier": rec.served_tier,
+        "tier": rec.served_tier or rec.tried_tier,
         "auto_reason": rec.auto_reason,
         "fallback": rec.fallback,
         "replica": rec.replica,

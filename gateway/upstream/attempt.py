@@ -74,6 +74,15 @@ class Attempt:
     deadline: float
     total_s: float = 0.0  # the request's total timeout in seconds (for messages)
     extra_headers: dict[str, str] | None = None  # e.g. W3C traceparent of the attempt span
+    read_s: float | None = None  # the client's read timeout (x-stainless-read-timeout), s
+    read_deadline: float | None = None  # loop time the client stops waiting for a first byte
+
+    @property
+    def stall_s(self) -> float:
+        """Longest gap between events once the stream flows: the pool's ``stall_s``, shorter
+        when the client's own read timeout is."""
+        stall = self.pool.config.timeouts.stall_s
+        return stall if self.read_s is None else min(stall, self.read_s)
 
 
 @dataclass(slots=True, eq=False)
@@ -107,8 +116,10 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
 
     Timeouts (``pool.config.timeouts``): ``connect_s`` for the TCP connect; ``ttft_s`` from
     send to the first content event (streams only: a non-stream response has no first token;
-    a role chunk or a comment is not content); the total deadline for everything. Raises
-    ``RetryableFailure``, ``UpstreamTimeout`` (total deadline), the engine's 4xx as
+    a role chunk or a comment is not content); the total deadline for everything; the client's
+    ``read_deadline`` for the first byte it gets (the content event, or the JSON body). Raises
+    ``RetryableFailure``, ``UpstreamTimeout`` (total deadline, or ``read``: the client's read
+    timeout), the engine's 4xx as
     ``EngineClientError``, or ``UnreadableResponse`` (502) for a response no replica would
     answer readably (a content coding the gateway cannot decode, an oversized SSE event):
     deterministic, so not retried and not the replica's failure.
@@ -119,6 +130,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     limit = attempt.deadline
     if attempt.stream:
         limit = min(loop.time() + timeouts.ttft_s, attempt.deadline)
+    if attempt.read_deadline is not None:  # the client's read timeout: no byte until the answer
+        limit = min(limit, attempt.read_deadline)
     headers = {
         "content-type": "application/json",
         "x-request-id": attempt.request_id,
@@ -161,6 +174,9 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
             # which limit was in force, not the clock: timers may fire a little early
             if limit >= attempt.deadline:
                 raise UpstreamTimeout("total", attempt.total_s) from None
+            if attempt.read_deadline is not None and limit >= attempt.read_deadline:
+                # the client has stopped waiting: no other attempt would reach it
+                raise UpstreamTimeout("read", attempt.read_s or 0.0) from None
             raise RetryableFailure(
                 "ttft-timeout", UpstreamTimeout("ttft", timeouts.ttft_s)
             ) from None

@@ -2,9 +2,9 @@
 
 ``gateway_on(script, replicas=2)`` starts ``replicas`` aiohttp servers on port 0 (each reports
 the port it bound), builds the gateway app on them (one ``standard`` pool, health probes off)
-and yields a ``Bench``: an ``httpx.AsyncClient`` on the app (ASGI, no socket), what every
-replica received, and the app's live state (pools, replicas' outlier state). ``script(request,
-replica_index)`` answers each ``POST /v1/...``; other paths get 404.
+and yields a ``Bench``: an ``httpx.AsyncClient`` on the app (ASGI, no socket), the app itself,
+what every replica received, and the app's live state (pools, replicas' outlier state).
+``script(request, replica_index)`` answers each ``POST /v1/...``; other paths get 404.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import httpx
 import orjson
 from aiohttp import web
 
-from gateway.app import create_app
+from gateway.app import SpeedgateApp, create_app
 from gateway.config import load_config
 from gateway.routing.pools import Pool
 from gateway.state import GatewayState
@@ -40,6 +40,7 @@ class Seen:
 class Bench:
     client: httpx.AsyncClient
     state: GatewayState
+    app: SpeedgateApp
     seen: list[Seen] = field(default_factory=list)
 
     @property
@@ -136,7 +137,7 @@ async def gateway_on(
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://gw",
                                          timeout=60) as client:
-                yield Bench(client, app.api.state.gateway, seen)
+                yield Bench(client, app.api.state.gateway, app, seen)
     finally:
         for runner in runners:
             await runner.cleanup()
