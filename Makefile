@@ -2,20 +2,28 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PIP := $(BIN)/pip install --quiet --disable-pip-version-check
+RUNTIME := $(VENV)/.installed-runtime
+STAMP := $(VENV)/.installed-dev
 
 .PHONY: install demo test test-unit test-e2e lint bench bench-clients clean
 
-$(STAMP): pyproject.toml
+# `make demo` needs only the runtime; `make test` and the rest add the dev and test extras.
+$(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(PIP) -e .
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
+	$(PIP) -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install speedgate with its dev extras
 
-demo: $(STAMP)  ## simulated standard + fast pools and a gateway on http://127.0.0.1:8080
-	$(BIN)/speedgate demo --port $${PORT:-8080}
+# exec: speedgate replaces make's shell, so a SIGTERM that make forwards to its child reaches
+# the demo itself, which stops the gateway and every simulator
+demo: $(RUNTIME)  ## simulated standard + fast pools and a gateway on http://127.0.0.1:8080
+	exec $(BIN)/speedgate demo --port $${PORT:-8080} $(DEMO_ARGS)
 
 test: $(STAMP)  ## lint + the whole test suite (unit, simulator, end to end); starts Redis if needed
 	$(BIN)/ruff check .

@@ -97,7 +97,7 @@ class RequestIdMiddleware:
 class SpeedgateApp:
     """The outermost ASGI app. ``POST`` to a completions path goes straight to its raw
     endpoint (no middleware layers on the per-token path); everything else, lifespan included,
-    goes to the FastAPI app ``api``."""
+    goes to the FastAPI app ``api``. A trailing slash names the same route (no redirects)."""
 
     def __init__(
         self, api: FastAPI, hot: dict[str, CompletionsEndpoint], max_header_bytes: int = 32768
@@ -113,6 +113,11 @@ class SpeedgateApp:
             except HeadersTooLarge as e:
                 await send_error(send, e, [(b"x-request-id", request_id(scope).encode())])
                 return
+            path = scope["path"]
+            if len(path) > 1 and path.endswith("/"):
+                # /v1/chat/completions/ is /v1/chat/completions: served, never redirected (a
+                # redirect's Location would be built from the client's Host header)
+                scope = {**scope, "path": path.rstrip("/") or "/"}
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = self.hot.get(scope["path"])
             if endpoint is not None:
@@ -356,6 +361,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             auth_enabled=gate.enabled,
         ), gate)
 
+    app.router.redirect_slashes = False  # no redirect to a client-supplied Host, ever
     app.add_middleware(RequestIdMiddleware)
     return SpeedgateApp(app, hot, config.server.max_header_bytes)
 

@@ -9,6 +9,7 @@ serves the gateway in this process. Ctrl-C or SIGTERM stops the gateway and ever
 from __future__ import annotations
 
 import atexit
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -59,6 +60,7 @@ def demo_config(standard: list[str], fast: list[str], host: str, port: int) -> G
 
 def _banner(host: str, port: int, standard: list[str], fast: list[str]) -> str:
     base = f"http://{host}:{port}"
+    py = shlex.quote(sys.executable)  # this venv's interpreter: works from any shell
     return f"""
 speedgate demo: gateway on {base}
   API:     {base}/v1   (OpenAI-compatible)
@@ -71,7 +73,8 @@ Try it:
     -d '{{"model": "{MODEL}", "service_tier": "priority",
          "messages": [{{"role": "user", "content": "Hello!"}}]}}' -i
 
-  python -c "from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='unused'); \\
+  {py} -m pip install -q openai   # the OpenAI SDK, once
+  {py} -c "from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='unused'); \\
 r = c.chat.completions.create(model='{MODEL}-fast', \\
 messages=[{{'role': 'user', 'content': 'Hi'}}]); \\
 print(r.service_tier, r.choices[0].message.content)"

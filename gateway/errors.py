@@ -120,29 +120,51 @@ class UpstreamError(GatewayError):
     code = "upstream_error"
 
 
+class UnreadableResponse(UpstreamError):
+    """502: the engine's response cannot be read, and would not be on any other replica (a
+    content coding the gateway cannot decode, an SSE event over the size cap): deterministic,
+    so it is neither retried nor counted against the replica's health."""
+
+    code = "upstream_unreadable"
+
+
 class UpstreamTimeout(GatewayError):
-    """504: a staged timeout expired (connect, ttft, stall or total); ``stage`` names which."""
+    """504: a staged timeout expired (connect, ttft, stall, read or total); ``stage`` names
+    which. Answered with ``Retry-After: 1`` (like the 503 of no usable replica: the pools were
+    too slow just now, the client may try again shortly). Not a ``retry_after_s``: no engine
+    asked the gateway to wait, so failover does not wait for it."""
 
     status = 504
     type = "timeout"
     code = "upstream_timeout"
+    RETRY_AFTER = "1"
 
     def __init__(self, stage: str, seconds: float) -> None:
         super().__init__(f"upstream {stage} timeout after {seconds:g}s")
         self.stage = stage
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After: 1`` (seconds)."""
+        return {"retry-after": self.RETRY_AFTER}
 
 
 class EngineClientError(GatewayError):
     """An engine's 4xx, passed through with its status, message, type, param and code."""
 
 
-def parse_engine_error(status: int, body: bytes) -> EngineClientError:
+def parse_engine_error(
+    status: int, body: bytes, retry_after_s: float | None = None
+) -> EngineClientError:
     """Map an engine error response to an OpenAI-shaped error keeping the engine's message.
 
     Understands both vLLM shapes: ``{"error": {"message", "type", "param", "code"}}`` (vLLM ≥
     0.10) and the older flat ``{"object": "error", "message", "type", "param", "code"}``. A body
     that is neither keeps its text (truncated to 1000 characters) as the message. Statuses ≥ 500
-    (and any other non-200 below 400) become 502 ``upstream_error``; 4xx keep their status.
+    (and any other non-200 below 400) become 502 ``upstream_error``, except a 503 with a
+    ``Retry-After`` (``retry_after_s``, seconds): that stays a 503 ``upstream_unavailable``
+    carrying it, so a client that the gateway cannot make wait learns when to come back; 4xx
+    keep their status, and a string ``code`` (the engine's, else the status's name:
+    ``not_found``). ``retry_after_s`` is kept on the error either way.
     """
     message: str | None = None
     param: str | None = None
@@ -162,20 +184,45 @@ def parse_engine_error(status: int, body: bytes) -> EngineClientError:
     if message is None:
         text = body[:1000].decode("utf-8", "replace").strip()
         message = text or f"engine returned HTTP {status}"
+    if status == 503 and retry_after_s is not None:
+        return EngineClientError(
+            f"engine unavailable (HTTP 503): {message}",
+            status=503,
+            type="server_error",
+            code="upstream_unavailable",
+            retry_after_s=retry_after_s,
+        )
     if status >= 500 or status < 400:  # a 5xx, or a 1xx/2xx/3xx that is not an answer
         return EngineClientError(
             f"engine error (HTTP {status}): {message}",
             status=502,
             type="server_error",
             code="upstream_error",
+            retry_after_s=retry_after_s,
         )
     return EngineClientError(
         message,
         status=status,
         type=_openai_type(status),
         param=param,
-        code=code if isinstance(code, str) else None,
+        # vLLM sends the status as an int code (or none): a client switches on a string
+        code=code if isinstance(code, str) and code else _status_code(status),
+        retry_after_s=retry_after_s,
     )
+
+
+#: ``code`` of an engine 4xx that names none (vLLM sends ``code: 404``, an int): the snake_case
+#: name of the HTTP status (RFC 9110 §15.5), as the gateway's own errors use (``not_found``).
+_STATUS_CODES = {
+    400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+    405: "method_not_allowed", 408: "request_timeout", 409: "conflict",
+    413: "request_too_large", 415: "unsupported_media_type", 422: "unprocessable_content",
+    429: "rate_limit_exceeded",
+}
+
+
+def _status_code(status: int) -> str:
+    return _STATUS_CODES.get(status, f"http_{status}")
 
 
 def _openai_type(status: int) -> str:

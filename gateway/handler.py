@@ -29,7 +29,7 @@ from gateway.asgi import (
 from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.config import Prices
-from gateway.errors import GatewayError, UpstreamTimeout
+from gateway.errors import GatewayError, UnreadableResponse, UpstreamTimeout
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
 from gateway.plan.tiers import TIER_TO_SERVICE_TIER
@@ -42,7 +42,7 @@ from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord
 from gateway.upstream.attempt import OpenedResponse
-from gateway.upstream.deadline import header_timeout_s
+from gateway.upstream.deadline import client_timeouts
 from gateway.upstream.failover import open_with_failover
 
 log = logging.getLogger("speedgate.handler")
@@ -97,14 +97,16 @@ class CompletionsEndpoint:
             choice = await choose_auto(state.auto, treq, route, body.doc, allowed)
             plan = plan_request(treq, state.pools, allowed, choice)
             plan.route, rec.auto_choice = route, plan.auto
-            timeout_s = header_timeout_s(
-                header(scope, b"x-speedgate-timeout"), header(scope, b"x-stainless-timeout")
+            timeouts = client_timeouts(
+                header(scope, b"x-speedgate-timeout"),
+                header(scope, b"x-stainless-timeout"),
+                header(scope, b"x-stainless-read-timeout"),
             )
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
             async with DisconnectWatch(receive):
                 # 3. attempt
                 opened = await open_with_failover(
-                    state, plan, body, rec, trace, self.path, timeout_s
+                    state, plan, body, rec, trace, self.path, timeouts
                 )
                 try:
                     # 4. relay
@@ -130,12 +132,8 @@ class CompletionsEndpoint:
                 await send_error(send, err, self._headers(rec))
             elif rec.stream:  # the stream started: end it with one in-band error event
                 await end_stream_with_error(send, err)
-        except asyncio.CancelledError:  # server shutdown (past its grace period)
-            rec.outcome = rec.outcome or "shutdown"
-            if rec.response_started and rec.stream:
-                err = GatewayError("gateway shutting down", status=503, code="shutdown")
-                await end_stream_with_error(send, err)
-            raise
+        except asyncio.CancelledError:  # server shutdown past its grace period (uvicorn cancels)
+            await self._cut_by_shutdown(send, rec)
         finally:
             # 5. account, then give back the rate-limit reservation with the actual usage
             try:
@@ -152,6 +150,27 @@ class CompletionsEndpoint:
             finally:
                 if reservation is not None and gate is not None:
                     await gate.release(reservation, rec)
+
+    async def _cut_by_shutdown(self, send: Any, rec: RequestRecord) -> None:
+        """Documented behaviour, not a failure: past ``server.graceful_shutdown_s`` uvicorn
+        cancels the requests still open. Each is answered (503 ``shutdown`` before headers, one
+        in-band error event on a started stream), logged on one WARNING line, and returns, so
+        the server logs no traceback; the task's cancellation is consumed."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        rec.outcome = rec.outcome or "shutdown"
+        err = GatewayError("gateway shutting down", status=503, code="shutdown", retry_after_s=1)
+        if not rec.response_started:
+            rec.status = err.status
+            try:
+                await send_error(send, err, self._headers(rec))
+            except Exception:
+                pass  # the client may be gone already
+        elif rec.stream:
+            await end_stream_with_error(send, err)
+        log.warning("request %s cut short by shutdown (server.graceful_shutdown_s passed)",
+                    rec.request_id)
 
     async def _respond(
         self,
@@ -191,7 +210,7 @@ class CompletionsEndpoint:
             opened.batches,
             rewriter,
             strip_usage=not body.client_wants_usage,
-            stall_s=pool.config.timeouts.stall_s,
+            stall_s=opened.attempt.stall_s,
             total_s=opened.attempt.total_s,
             deadline=opened.attempt.deadline,
             itl=rec.itl,
@@ -208,6 +227,8 @@ class CompletionsEndpoint:
             self.state.metrics.record_timeout(pool, result.error.stage)
             if result.error.stage == "total":
                 return  # the deadline expired: not the replica's fault
+        if isinstance(result.error, UnreadableResponse):
+            return  # deterministic (an oversized event): not the replica's health
         pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
 
     @staticmethod

@@ -15,12 +15,28 @@ from gateway import __version__
 from gateway.config import GatewayConfig
 
 
+class _GraceExpiredIsAWarning(logging.Filter):
+    """uvicorn logs the end of the graceful shutdown period (``server.graceful_shutdown_s``)
+    at ERROR: it is documented behaviour (the requests still open end with an error), so it
+    is logged as a WARNING."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR and "timeout graceful shutdown exceeded" in str(
+            record.msg
+        ):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _GraceExpiredIsAWarning) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_GraceExpiredIsAWarning())
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -18,43 +18,84 @@ from engines.sim.config import SimConfig
 from engines.sim.faults import NO_FAULTS, Faults
 from engines.sim.perf import PerfModel
 
+DESCRIPTION = (
+    "A vLLM-compatible engine simulator for CPU machines, tests and load tests: the OpenAI "
+    "endpoints, /health, /metrics (vllm:* names), a continuous-batching performance model with "
+    "prefix caching and speculative decoding, and scripted faults. Flag names follow "
+    "`vllm serve`."
+)
+EPILOG = (
+    "Model times are milliseconds at --time-scale 1 (Llama-3-70B on 4xH100, sources in "
+    "engines/sim/perf.py); fault durations are wall-clock seconds and never scaled. "
+    "Faults: --faults '{\"status\": 503, \"retry_after\": 2}', per request with the body "
+    "field sim_faults, or POST /sim/faults (fields: engines/sim/faults.py)."
+)
+
+
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: ...)`` only where there is a default worth reading."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser, defaults taken from :class:`SimConfig` and :class:`PerfModel`."""
+    """The argument parser, defaults taken from :class:`SimConfig` and :class:`PerfModel`;
+    every numeric flag's help names its unit."""
     c, pm = SimConfig(), PerfModel()
-    p = argparse.ArgumentParser(prog="speedgate-sim", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="speedgate-sim", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=_HelpWithDefaults)
     a = p.add_argument
-    a("--host", default=c.host)
-    a("--port", type=int, default=c.port, help="0 picks a free port (printed on the ready line)")
-    a("--port-file", default=None,
-      help="write the bound port to this file once listening (use with --port 0)")
+    a("--host", default=c.host, help="address to listen on")
+    a("--port", type=int, default=c.port, metavar="PORT",
+      help="TCP port; 0 picks a free one (printed on the ready line)")
+    a("--port-file", default=None, metavar="PATH",
+      help="write the bound port to PATH once listening (use with --port 0)")
     a("--model", "--served-model-name", dest="model", default=c.model, help="served model name")
-    a("--max-model-len", type=int, default=c.max_model_len, help="tokens (prompt + output)")
-    a("--max-num-seqs", type=int, default=c.max_num_seqs, help="running sequences per step")
-    a("--max-num-batched-tokens", type=int, default=c.max_num_batched_tokens,
+    a("--max-model-len", type=int, default=c.max_model_len, metavar="TOKENS",
+      help="context length in tokens (prompt + output)")
+    a("--max-num-seqs", type=int, default=c.max_num_seqs, metavar="N",
+      help="running sequences per step (batch limit, in sequences)")
+    a("--max-num-batched-tokens", type=int, default=c.max_num_batched_tokens, metavar="TOKENS",
       help="tokens per step (chunked-prefill budget)")
-    a("--block-size", type=int, default=c.block_size, help="tokens per KV block")
-    a("--num-gpu-blocks", type=int, default=c.num_gpu_blocks, help="KV-cache blocks")
-    a("--output-tokens", type=int, default=c.output_tokens,
-      help="natural completion length (tokens) when max_tokens allows it")
-    a("--mode", choices=["standard", "speculative"], default="standard")
-    a("--num-speculative-tokens", type=int, default=4, help="k draft tokens (speculative mode)")
-    a("--acceptance-rate", type=float, default=pm.acceptance_rate, help="alpha, 0..1")
-    a("--prefill-ms-per-token", type=float, default=pm.prefill_ms_per_token)
-    a("--decode-base-ms", type=float, default=pm.decode_base_ms)
-    a("--decode-per-seq-ms", type=float, default=pm.decode_per_seq_ms)
-    a("--draft-base-ms", type=float, default=pm.draft_base_ms)
-    a("--draft-per-seq-ms", type=float, default=pm.draft_per_seq_ms)
-    a("--time-scale", type=float, default=c.time_scale,
-      help="multiplies every model delay; 0 = no model delay (fault delays are not scaled)")
-    a("--seed", type=int, default=c.seed)
+    a("--block-size", type=int, default=c.block_size, metavar="TOKENS",
+      help="tokens per KV-cache block")
+    a("--num-gpu-blocks", type=int, default=c.num_gpu_blocks, metavar="BLOCKS",
+      help="KV-cache size in blocks (x --block-size tokens)")
+    a("--output-tokens", type=int, default=c.output_tokens, metavar="TOKENS",
+      help="natural completion length in tokens, when max_tokens allows it")
+    a("--mode", choices=["standard", "speculative"], default="standard",
+      help="speculative: the fast pool's engine (draft and verify steps)")
+    a("--num-speculative-tokens", type=int, default=4, metavar="K",
+      help="draft tokens per step (speculative mode)")
+    a("--acceptance-rate", type=float, default=pm.acceptance_rate, metavar="ALPHA",
+      help="probability that a draft token is accepted, 0..1")
+    a("--prefill-ms-per-token", type=float, default=pm.prefill_ms_per_token, metavar="MS",
+      help="prefill time in ms per uncached prompt token")
+    a("--decode-base-ms", type=float, default=pm.decode_base_ms, metavar="MS",
+      help="decode step time in ms, fixed part (streaming the weights once)")
+    a("--decode-per-seq-ms", type=float, default=pm.decode_per_seq_ms, metavar="MS",
+      help="decode step time in ms added per running sequence")
+    a("--draft-base-ms", type=float, default=pm.draft_base_ms, metavar="MS",
+      help="draft model step time in ms, fixed part (speculative mode)")
+    a("--draft-per-seq-ms", type=float, default=pm.draft_per_seq_ms, metavar="MS",
+      help="draft model step time in ms added per running sequence (speculative mode)")
+    a("--time-scale", type=float, default=c.time_scale, metavar="FACTOR",
+      help="multiplier of every model time; 0 = no model delay (fault delays are not scaled)")
+    a("--seed", type=int, default=c.seed, metavar="N",
+      help="random seed (an integer): same seed, same output")
     a("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction,
-      default=c.enable_prompt_tokens_details, help="usage.prompt_tokens_details.cached_tokens")
+      default=c.enable_prompt_tokens_details,
+      help="report usage.prompt_tokens_details.cached_tokens")
     a("--legacy-error-shape", action="store_true",
-      help='errors as {"object":"error",...} (older vLLM) instead of {"error":{...}}')
-    a("--faults", default=None, help="replica fault script, JSON (see engines.sim.faults)")
-    a("--slow-start-s", type=float, default=c.slow_start_s, help="/health answers 503 until then")
-    a("--crash", action="store_true", help="exit at the first request (fault crash)")
+      help='errors as {"object": "error", ...} (older vLLM) instead of {"error": {...}}')
+    a("--faults", default=None, metavar="JSON",
+      help="fault script of this replica, a JSON object (fields: engines/sim/faults.py)")
+    a("--slow-start-s", type=float, default=c.slow_start_s, metavar="SECONDS",
+      help="seconds during which /health answers 503 after start")
+    a("--crash", action="store_true", help="exit at the first request (the crash fault)")
     return p
 
 

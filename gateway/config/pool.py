@@ -183,10 +183,12 @@ class AutoConfig(_Strict):
     estimates of each pool. ``half_life_s``: measurements of finished requests lose half their
     weight every this many seconds. ``explore_share``: share of new sessions sent to the pool
     that would lose, while that pool has had no measurement for ``explore_stale_s`` seconds
-    (keeps an unused pool's estimate fresh). ``switch_margin``: a session leaves the pool its
-    last turn used only when the other is faster by more than this fraction (the re-prefill of
-    its conversation is already counted). ``min_samples``: measured requests a pool needs before
-    its estimate is used (until then: fast while below ``auto_fast_max_inflight_per_replica``).
+    (keeps an unused pool's estimate fresh; at the latest every ``ceil(1 / explore_share)``-th
+    such session, and a measurement after that long a silence outweighs the stale fit).
+    ``switch_margin``: a session leaves the pool its last turn used only when the other is
+    faster by more than this fraction (the re-prefill of its conversation is already counted).
+    ``min_samples``: measured requests a pool needs before its estimate is used (until then:
+    fast while below ``auto_fast_max_inflight_per_replica``).
     ``session_table_entries``/``session_table_max_bytes``/``session_ttl_s``: the session → tier
     table (LRU + TTL, bounded by entries and by bytes).
     ``acceptance_scrape_interval_s``: how often the fast pool's ``vllm:spec_decode_*`` counters

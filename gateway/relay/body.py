@@ -87,8 +87,10 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
 
 
 def upstream_body(body: ParsedBody, served_model: str, *, add_usage: bool) -> bytes:
-    """The bytes to send upstream: ``model`` set to ``served_model``; with ``add_usage``,
-    ``stream_options.include_usage`` set to true. Everything else as received."""
+    """The bytes to send upstream: ``model`` set to ``served_model``; with ``add_usage`` (the
+    gateway asks for usage the client did not), ``stream_options.include_usage`` set to true
+    and a ``continuous_usage_stats`` of the client's set to false. Everything else as
+    received."""
     raw = body.raw
     model = body.doc["model"]
     if model != served_model:
@@ -119,6 +121,11 @@ def _reserialise(body: ParsedBody, served_model: str, add_usage: bool) -> bytes:
     doc = dict(body.doc)
     doc["model"] = served_model
     if add_usage:
-        opts = doc.get("stream_options")
-        doc["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        opts = dict(doc.get("stream_options") or {})
+        opts["include_usage"] = True
+        if opts.get("continuous_usage_stats"):
+            # vLLM sends usage on every chunk only with include_usage, which the client did not
+            # ask for: without it the client would get none, so neither does the engine send it
+            opts["continuous_usage_stats"] = False
+        doc["stream_options"] = opts
     return orjson.dumps(doc)

@@ -1,9 +1,11 @@
 """Relay of engine responses to the client: SSE events one by one, unbuffered, and JSON bodies.
 
-Per event the relay does byte operations only (no JSON parse), except for a chunk that mentions
-``"usage"``: that one is parsed to read the usage and, when the gateway asked for usage on the
-client's behalf, dropped. The relay never invents ``finish_reason`` or ``[DONE]``: a stream cut
-after it started ends with one in-band ``data: {"error": {...}}`` event and no ``[DONE]``.
+Each event is parsed once (to tell content, usage and in-band errors apart) and forwarded with
+byte splices. Usage is read wherever the engine puts it (its own chunk, the finish chunk, every
+chunk); when the gateway asked for usage on the client's behalf no relayed chunk carries it:
+the usage-only chunk is dropped and a ``usage`` field on any other chunk removed. The relay
+never invents ``finish_reason`` or ``[DONE]``: a stream cut after it started ends with one
+in-band ``data: {"error": {...}}`` event and no ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Any
 import orjson
 
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout
+from gateway.errors import GatewayError, UnreadableResponse, UpstreamError, UpstreamTimeout
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.telemetry.histograms import GapTimer
-from gateway.upstream.client import UpstreamBrokenError
+from gateway.upstream.client import UpstreamBrokenError, UpstreamUnreadable
 
 SSE_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -143,10 +145,16 @@ async def relay_events(
                 result.error = engine_error(doc)
                 out.append(error_event(result.error))
                 return True
-            if choices == [] and "usage" in doc:
-                result.usage = Usage.from_openai(doc["usage"])
-                if strip_usage:
-                    continue
+            usage = doc.get("usage")
+            if usage is not None:
+                # the usage chunk (``choices: []``), or usage on the finish chunk (servers other
+                # than vLLM) or on every chunk (vLLM's continuous_usage_stats): the last wins
+                result.usage = Usage.from_openai(usage) or result.usage
+                if strip_usage:  # the gateway asked for it: the client sees none of it
+                    if not choices:
+                        continue
+                    del doc["usage"]
+                    data = orjson.dumps(doc)
             result.events += 1
             if itl is not None:
                 itl.tick(now)
@@ -179,6 +187,8 @@ async def relay_events(
         result.error = UpstreamError("upstream stream ended without [DONE]")
     except UpstreamBrokenError as e:
         result.error = UpstreamError(f"upstream connection broke mid-stream ({e})")
+    except UpstreamUnreadable as e:  # deterministic (e.g. an oversized event): not the replica
+        result.error = UnreadableResponse(f"engine response cannot be read mid-stream ({e})")
     except TimeoutError:
         # which limit was in force, not the clock: timers may fire a little early
         if when >= deadline:

@@ -11,7 +11,17 @@ For each attempt, candidates are the pool's usable replicas not tried yet. With 
    (seconds at long context), which costs far more than waiting behind a few requests that the
    engine batches anyway (SGLang's cache-aware router and llm-d keep affinity the same way
    unless a replica is clearly imbalanced).
-2. **(Re)bind.** A new session, or one whose replica is gone, tried, or overloaded, is bound
+   **Shed** (``rebalance``): sessions bound while most replicas were down all sit on the few
+   that were up, and staying would keep them there for good. A replica holding more than its
+   share of the active sessions (``filters.over_share``: ``max(ceil(S/n) + 1, floor(c ×
+   S/n))``) while another candidate has room sheds the excess among the sessions bound while
+   fewer replicas were candidates than now, cheapest to move first: such a session leaves
+   when fewer than the excess of them have a shorter conversation (``ledger.cheaper_on``), so
+   the shortest cached prefixes move and the longest stay. A session bound with every replica
+   to choose from is never shed: a healthy steady state (sessions ending and starting
+   included) never moves a session.
+2. **(Re)bind.** A new session, or one whose replica is gone, tried, overloaded or shedding, is
+   bound
    under the bounded-load rule (Mirrokni, Thorup, Zadimoghaddam 2018) with **active sessions**
    as the load (``ledger``; shared by every gateway replica through Redis when the state store
    is Redis, ``ledger_redis``): no replica that would then hold more than ``ceil(c × (S + 1) /
@@ -35,7 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 
-from gateway.routing.filters import not_tried, overloaded, under_bound
+from gateway.routing.filters import not_tried, over_share, overloaded, under_bound
 from gateway.routing.hashring import hash_order
 from gateway.routing.keys import RouteRequest, sampled_indices
 from gateway.routing.ledger import SessionLedger
@@ -106,19 +116,25 @@ class PoolRouter:
         loads = {r: replica_load(r, now) for r in cands}
         ctx = ScoreContext(lookup, len(blocks), hash_order(route.session_key, self.pool.replicas),
                            loads, min(len(blocks), route.lead_blocks(cfg.chunk_chars)))
+        reason: str | None = None
         if uses_store and lookup is not None:
-            choice = await self._pick_session(route.session_key, ctx, cands, weights, now)
+            choice, reason = await self._pick_session(
+                route.session_key, ctx, cands, weights, now
+            )
         else:
             bounded = under_bound(cands, loads, cfg.bounded_load_c, cfg.bounded_load_min)
             choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
         assert choice is not None
         if uses_store:
+            # this process's ledger keeps what shedding needs (size, candidates at binding);
+            # the shared one (Redis) gives the bounded-load rule every gateway's sessions
+            self.ledger.touch(route.session_key, choice.name, now, size=route.chars,
+                              candidates=len(cands))
             if self.shared_ledger is not None:
                 names = [r.name for r in self.pool.replicas]
                 self.shared_ledger.touch(route.session_key, choice.name, now, names)
-            else:
-                self.ledger.touch(route.session_key, choice.name, now)
-        self.decisions[self._reason(lookup, uses_store, choice, ctx.lead_blocks)] += 1
+        reason = reason or self._reason(lookup, uses_store, choice, ctx.lead_blocks)
+        self.decisions[reason] += 1
         if uses_store and lookup is not None:
             held = lookup.depth.get(choice.name, 0)
             todo = [i for i in indices if i >= held - 1][:MAX_RECORDED_BLOCKS]
@@ -128,30 +144,51 @@ class PoolRouter:
     async def _pick_session(
         self, session: str, ctx: ScoreContext, cands: list[Replica],
         weights: dict[str, float], now: float,
-    ) -> Replica | None:
-        """Stay on the session's replica unless it is overloaded; else (re)bind it under the
-        bounded-load rule on active sessions (see the module docstring)."""
+    ) -> tuple[Replica | None, str | None]:
+        """Stay on the session's replica unless it is overloaded or sheds this session; else
+        (re)bind it under the bounded-load rule on active sessions (see the module
+        docstring). Returns the replica and ``"rebalance"`` when the session was shed."""
         cfg = self.pool.config.routing
         hot = overloaded(cands, ctx.loads, cfg.overload_c, cfg.overload_min)
         affinity = {k: weights[k] for k in ("prefix", "session") if weights.get(k)}
         aff = weighted_scores(ctx, cands, affinity)
         top = max(aff)
+        leaving: Replica | None = None
         if top > 0:
             home = [r for r, a in zip(cands, aff, strict=True) if a >= top - 1e-9]
             if len(home) > 1:  # same depth on several: the least loaded of them
                 low = min(ctx.loads[r] for r in home)
                 home = [r for r in home if ctx.loads[r] == low]
             if home[0] not in hot:
-                return home[0]
+                if not self._sheds(session, home[0], cands, hot, now):
+                    return home[0], None
+                leaving = home[0]
         if self.shared_ledger is not None:  # every gateway's sessions, not only this one's
             counts = await self.shared_ledger.counts(now, session, [r.name for r in cands])
         else:
             counts = self.ledger.counts(now, without=session)
-        ctx.sessions = {r: counts.get(r.name, 0) for r in cands}
-        cool = [r for r in cands if r not in hot] or cands
-        bounded = [r for r in under_bound(cands, ctx.sessions, cfg.bounded_load_c) if r in cool]
+        others = [r for r in cands if r is not leaving]
+        ctx.sessions = {r: counts.get(r.name, 0) for r in others}
+        cool = [r for r in others if r not in hot] or others
+        bounded = [r for r in under_bound(others, ctx.sessions, cfg.bounded_load_c) if r in cool]
         bounded = bounded or cool
-        return pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
+        choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
+        return choice, "rebalance" if leaving is not None else None
+
+    def _sheds(
+        self, session: str, home: Replica, cands: list[Replica], hot: set[Replica], now: float
+    ) -> bool:
+        """True when this session, bound to ``home`` while fewer replicas were candidates than
+        now, is among the excess cheapest to move off ``home``, which holds more than its share
+        of active sessions while another candidate has room (module docstring)."""
+        ledger = self.ledger
+        if ledger.replica_of(session, now) != home.name or not ledger.movable(session, len(cands)):
+            return False
+        counts = ledger.counts(now)
+        others = [counts.get(r.name, 0) for r in cands if r is not home and r not in hot]
+        excess = over_share(counts.get(home.name, 0), sum(counts.values()), others,
+                            self.pool.config.routing.bounded_load_c)
+        return excess > 0 and ledger.cheaper_on(home.name, session, len(cands)) < excess
 
     @staticmethod
     def _reason(lookup: Lookup | None, uses_store: bool, choice: Replica, lead: int) -> str:

@@ -8,7 +8,8 @@ whichever of its users noticed: routing then runs on consistent hashing),
 ``speedgate_state_store_circuit_opened_total`` (of the shared breaker),
 ``speedgate_routing_decisions_total{pool, reason}`` with reason ``prefix`` (the replica holding
 the longest known prefix), ``session`` (the session's replica), ``new`` (nothing known),
-``spill`` (affinity given up: the replica overloaded, tried or gone), ``hash_fallback``
+``spill`` (affinity given up: the replica overloaded, tried or gone), ``rebalance`` (shed by a
+replica over its share of active sessions, e.g. after an outage), ``hash_fallback``
 (store down), ``round_robin``, ``scored``, ``no_route``.
 """
 

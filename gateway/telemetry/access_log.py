@@ -1,6 +1,8 @@
 """The access log: one line per request with ids, tier, replica, status, tokens and timings.
 
-Never the prompt, the completion or an API key (DESIGN §10). Replica URLs are redacted.
+Never the prompt, the completion or an API key (DESIGN §10). Replicas are named
+``model/tier/index``, never by address. ``tier`` and ``replica`` are the ones that served, or,
+when none did (an error, a client gone before the first byte: 499), the last ones tried.
 Two formats: ``text`` (``key=value`` pairs, the default; a value with anything beyond
 ``[A-Za-z0-9._:/@+,-]`` is written as a JSON string literal, ASCII-escaped, so a client-supplied
 value such as ``x-session-id: a key_id=admin`` can add neither a field nor a line) and ``json``
@@ -48,14 +50,14 @@ def log_request(rec: RequestRecord) -> None:
         "request_id=%s key_id=%s session_id=%s path=%s model=%s tier_asked=%s tier=%s "
         "fallback=%s replica=%s stream=%s "
         "attempts=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
-        "completion_tokens=%s ttft_s=%s e2e_s=%.4f",
+        "completion_tokens=%s cost_usd=%s ttft_s=%s e2e_s=%.4f",
         quote_value(rec.request_id),
         quote_value(rec.key_id),
         quote_value(rec.session_id),
         quote_value(rec.path),
         quote_value(rec.model),
         quote_value(rec.asked_tier),
-        quote_value(rec.served_tier),
+        quote_value(rec.served_tier or rec.tried_tier),
         quote_value(rec.fallback),
         quote_value(rec.replica),
         rec.stream,
@@ -65,6 +67,7 @@ def log_request(rec: RequestRecord) -> None:
         u.prompt if u else None,
         u.cached if u else None,
         u.completion if u else None,
+        f"{rec.cost_usd:.8f}" if rec.cost_usd is not None else None,
         f"{rec.ttft_s:.4f}" if rec.ttft_s is not None else None,
         rec.e2e_s or 0.0,
     )
@@ -86,7 +89,7 @@ def access_fields(rec: RequestRecord) -> dict[str, Any]:
         "path": rec.path,
         "model": rec.model,
         "tier_asked": rec.asked_tier,
-        "tier": rec.served_tier,
+        "tier": rec.served_tier or rec.tried_tier,
         "auto_reason": rec.auto_reason,
         "fallback": rec.fallback,
         "replica": rec.replica,

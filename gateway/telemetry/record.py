@@ -21,9 +21,10 @@ class RequestRecord:
     model: str | None = None
     asked_tier: str | None = None
     served_tier: str | None = None
+    tried_tier: str | None = None  # the tier of the last attempt (served or not)
     auto_reason: str | None = None
     fallback: str | None = None
-    replica: str | None = None
+    replica: str | None = None  # name (model/tier/index) of the last replica tried
     stream: bool = False
     attempts: int = 0
     retries: list[str] = field(default_factory=list)

@@ -11,13 +11,22 @@ attempt until ``OpenedResponse.close()``.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 
 import orjson
 
-from gateway.errors import GatewayError, UpstreamError, UpstreamTimeout, parse_engine_error
+from gateway.errors import (
+    GatewayError,
+    UnreadableResponse,
+    UpstreamError,
+    UpstreamTimeout,
+    parse_engine_error,
+)
 from gateway.relay.sse import SSEEvent
 from gateway.relay.stream import engine_error
 from gateway.routing.pools import Pool, Replica
@@ -28,6 +37,7 @@ from gateway.upstream.client import (
     UpstreamBrokenError,
     UpstreamConnectError,
     UpstreamResponse,
+    UpstreamUnreadable,
 )
 
 RETRYABLE_STATUSES = frozenset({408, 429})
@@ -64,6 +74,15 @@ class Attempt:
     deadline: float
     total_s: float = 0.0  # the request's total timeout in seconds (for messages)
     extra_headers: dict[str, str] | None = None  # e.g. W3C traceparent of the attempt span
+    read_s: float | None = None  # the client's read timeout (x-stainless-read-timeout), s
+    read_deadline: float | None = None  # loop time the client stops waiting for a first byte
+
+    @property
+    def stall_s(self) -> float:
+        """Longest gap between events once the stream flows: the pool's ``stall_s``, shorter
+        when the client's own read timeout is."""
+        stall = self.pool.config.timeouts.stall_s
+        return stall if self.read_s is None else min(stall, self.read_s)
 
 
 @dataclass(slots=True, eq=False)
@@ -97,9 +116,13 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
 
     Timeouts (``pool.config.timeouts``): ``connect_s`` for the TCP connect; ``ttft_s`` from
     send to the first content event (streams only: a non-stream response has no first token;
-    a role chunk or a comment is not content); the total deadline for everything. Raises
-    ``RetryableFailure``, ``UpstreamTimeout`` (total deadline), or the engine's 4xx as
-    ``EngineClientError``.
+    a role chunk or a comment is not content); the total deadline for everything; the client's
+    ``read_deadline`` for the first byte it gets (the content event, or the JSON body). Raises
+    ``RetryableFailure``, ``UpstreamTimeout`` (total deadline, or ``read``: the client's read
+    timeout), the engine's 4xx as
+    ``EngineClientError``, or ``UnreadableResponse`` (502) for a response no replica would
+    answer readably (a content coding the gateway cannot decode, an oversized SSE event):
+    deterministic, so not retried and not the replica's failure.
     """
     loop = asyncio.get_running_loop()
     timeouts = attempt.pool.config.timeouts
@@ -107,6 +130,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     limit = attempt.deadline
     if attempt.stream:
         limit = min(loop.time() + timeouts.ttft_s, attempt.deadline)
+    if attempt.read_deadline is not None:  # the client's read timeout: no byte until the answer
+        limit = min(limit, attempt.read_deadline)
     headers = {
         "content-type": "application/json",
         "x-request-id": attempt.request_id,
@@ -121,8 +146,12 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
         async with asyncio.timeout_at(limit):
             resp = await upstream.post(url, attempt.payload, headers, timeouts.connect_s)
             if resp.status != 200:
-                err = parse_engine_error(resp.status, await resp.read(MAX_ERROR_BODY_BYTES))
-                err.retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
+                try:
+                    detail = await resp.read(MAX_ERROR_BODY_BYTES)
+                except UpstreamUnreadable:
+                    detail = b""  # the status still says what happened
+                retry_after = parse_retry_after(resp.headers.get("retry-after"))
+                err = parse_engine_error(resp.status, detail, retry_after)
                 if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
                     raise RetryableFailure(f"http-{resp.status}", err)
                 if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
@@ -145,6 +174,9 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
             # which limit was in force, not the clock: timers may fire a little early
             if limit >= attempt.deadline:
                 raise UpstreamTimeout("total", attempt.total_s) from None
+            if attempt.read_deadline is not None and limit >= attempt.read_deadline:
+                # the client has stopped waiting: no other attempt would reach it
+                raise UpstreamTimeout("read", attempt.read_s or 0.0) from None
             raise RetryableFailure(
                 "ttft-timeout", UpstreamTimeout("ttft", timeouts.ttft_s)
             ) from None
@@ -157,6 +189,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
             raise RetryableFailure(
                 "broken-stream", UpstreamError(f"engine connection broke: {e}")
             ) from None
+        if isinstance(e, UpstreamUnreadable):
+            raise UnreadableResponse(f"engine response cannot be read: {e}") from None
         raise
 
 
@@ -204,15 +238,25 @@ def is_content(doc: dict) -> bool:
     return False
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """``Retry-After`` in seconds (the delta-seconds form; an HTTP date is ignored)."""
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds from ``now`` (Unix time, default the clock), None when
+    absent or invalid. Both forms of RFC 9110 §10.2.3: delay-seconds (``120``; a decimal is
+    accepted) and an HTTP-date (``Fri, 31 Dec 1999 23:59:59 GMT``, also the obsolete RFC 850
+    and asctime forms), a date in the past meaning 0."""
     if value is None:
         return None
+    value = value.strip()
     try:
         seconds = float(value)
     except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # asctime carries no zone: HTTP dates are always GMT
+            when = when.replace(tzinfo=UTC)
+        return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return seconds if seconds >= 0 and math.isfinite(seconds) else None
 
 
 def _json_object(raw: bytes) -> dict:

@@ -4,7 +4,9 @@ aiohttp was measured faster than httpx as the upstream client under concurrency 
 ``loadtests/bench_http_clients.py`` and the README), so it is the one used. One pooled session
 per gateway process; connections to replicas are reused (keep-alive). Closing an
 ``UpstreamResponse`` before its end closes the TCP connection, which makes vLLM abort the
-generation (vLLM frees a request when its client disconnects).
+generation (vLLM frees a request when its client disconnects). Every request asks for
+``Accept-Encoding: identity`` (``gateway.upstream.encoding``: gzip/deflate from a proxy that
+compresses anyway are decoded; other codings are ``UpstreamUnreadable``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import aiohttp
 
 from gateway.config import UpstreamConfig
 from gateway.relay.sse import EventTooLarge, SSEEvent, SSEParser
+from gateway.upstream.encoding import ACCEPT_ENCODING, Decoder, UndecodableResponse, decoder_for
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
 
@@ -33,31 +36,58 @@ class UpstreamBrokenError(Exception):
     """The connection broke or the payload was cut after the response started."""
 
 
+class UpstreamUnreadable(Exception):
+    """The response arrived but cannot be read, and would not be on any other attempt
+    (deterministic): a content coding the gateway cannot decode, or an SSE event over the size
+    cap. Not retried, not a replica failure: the client gets one 502."""
+
+
 class UpstreamResponse:
     """An open response from a replica: ``status``, ``headers``; read the body with
-    ``read()`` or iterate SSE events with ``event_batches()``; always ``close()`` (idempotent)."""
+    ``read()`` or iterate SSE events with ``event_batches()``; always ``close()`` (idempotent).
+    A body in a content coding (gzip, deflate) is decoded on the way."""
 
-    __slots__ = ("_resp", "headers", "status")
+    __slots__ = ("_decoder", "_resp", "_undecodable", "headers", "status")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
         self.headers = resp.headers
+        self._decoder: Decoder | None = None
+        self._undecodable: str | None = None
+        try:
+            self._decoder = decoder_for(resp.headers.get("content-encoding"))
+        except UndecodableResponse as e:
+            self._undecodable = str(e)
+
+    def _decode(self, chunk: bytes, last: bool = False, limit: int = 0) -> bytes:
+        if self._undecodable is not None:
+            raise UpstreamUnreadable(self._undecodable)
+        if self._decoder is None:
+            return chunk
+        try:
+            out = self._decoder.feed(chunk, limit)
+            return out + self._decoder.flush() if last and not limit else out
+        except UndecodableResponse as e:
+            raise UpstreamUnreadable(str(e)) from None
 
     async def read(self, limit: int | None = None) -> bytes:
-        """The whole body (at most ``limit`` bytes when given). Raises ``UpstreamBrokenError``."""
+        """The whole body (at most ``limit`` bytes when given), decoded. Raises
+        ``UpstreamBrokenError`` (connection), ``UpstreamUnreadable`` (coding)."""
         try:
             if limit is None:
-                return await self._resp.read()
-            return await self._resp.content.read(limit)
+                return self._decode(await self._resp.read(), last=True)
+            return self._decode(await self._resp.content.read(limit), limit=limit)
         except (aiohttp.ClientError, ConnectionError) as e:
             raise UpstreamBrokenError(type(e).__name__) from None
 
     async def event_batches(self) -> AsyncIterator[list[SSEEvent]]:
         """Parsed SSE events, one list per network read (only reads that completed at least
         one event yield). Ends at end of body; a cut connection or an unfinished last event
-        raises ``UpstreamBrokenError``. Batching lets the relay forward everything that arrived
-        together in one write, while still forwarding each event as soon as it is complete."""
+        raises ``UpstreamBrokenError``; an event over the size cap or a body in a coding the
+        gateway cannot decode raises ``UpstreamUnreadable``. Batching lets the relay forward
+        everything that arrived together in one write, while still forwarding each event as
+        soon as it is complete."""
         parser = SSEParser()
         content = self._resp.content
         try:
@@ -65,16 +95,18 @@ class UpstreamResponse:
                 chunk = await content.readany()
                 if not chunk:
                     break
-                events = parser.feed(chunk)
+                events = parser.feed(self._decode(chunk))
                 if events:
                     yield events
+            if self._decoder is not None:
+                parser.feed(self._decode(b"", last=True))
             tail = parser.close()
             if tail:
                 yield tail
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as e:
             raise UpstreamBrokenError(type(e).__name__) from None
-        except EventTooLarge as e:
-            raise UpstreamBrokenError(str(e)) from None
+        except EventTooLarge as e:  # the same bytes on any replica: not worth a retry
+            raise UpstreamUnreadable(str(e)) from None
         if parser.has_partial:
             raise UpstreamBrokenError("stream ended inside an event")
 
@@ -97,6 +129,8 @@ class Upstream:
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # the gateway reads every body: no compression asked for, any it gets decoded here
+            headers={"Accept-Encoding": ACCEPT_ENCODING},
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
             timeout=aiohttp.ClientTimeout(total=None),
@@ -127,12 +161,18 @@ class Upstream:
         return UpstreamResponse(resp)
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
-        """GET ``url`` with an overall timeout; returns (status, body). Raises like ``post``."""
+        """GET ``url`` with an overall timeout; returns (status, decoded body; empty when its
+        coding cannot be decoded: the status still answers a probe). Raises like ``post``."""
         try:
             async with self._session.get(
                 url, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
-                return resp.status, await resp.read()
+                try:
+                    return resp.status, await UpstreamResponse(resp).read()
+                except UpstreamUnreadable:
+                    return resp.status, b""
+        except UpstreamBrokenError as e:
+            raise UpstreamConnectError(str(e)) from None
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
             raise UpstreamConnectError(_describe(e)) from None
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gateway.errors import EngineClientError, GatewayError, NoHealthyReplica, UpstreamTimeout
+from gateway.errors import (
+    EngineClientError,
+    GatewayError,
+    NoHealthyReplica,
+    UnreadableResponse,
+    UpstreamTimeout,
+)
 from gateway.plan.chain import Plan
 from gateway.relay.body import ParsedBody, upstream_body
 from gateway.routing import RouteRequest, pick_replica
@@ -20,7 +26,7 @@ from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
-from gateway.upstream.deadline import total_timeout_s
+from gateway.upstream.deadline import ClientTimeouts, total_timeout_s
 from gateway.upstream.retry import full_jitter_backoff_s
 
 
@@ -31,16 +37,21 @@ async def open_with_failover(
     rec: RequestRecord,
     trace: RequestTrace,
     path: str,
-    timeout_s: float | None,
+    timeouts: ClientTimeouts | None = None,
 ) -> OpenedResponse:
     """Try each pool of ``plan.chain`` at most ``retry.max_attempts`` times, each attempt on a
-    replica not tried yet, until one answers. ``timeout_s`` (from the request's headers) may
-    shorten the first pool's ``total_s``, which bounds the whole request.
+    replica not tried yet, until one answers. ``timeouts`` (the client's, from its headers):
+    ``total_s`` may shorten the first pool's ``total_s``, which bounds the whole request;
+    ``read_s`` bounds the wait for the first byte since the request arrived (every attempt)
+    and the stall between events after it.
 
-    Raises the last ``GatewayError`` (the engine's 4xx at once, never retried), an
+    Raises the last ``GatewayError`` (the engine's 4xx and ``UnreadableResponse`` at once,
+    never retried, neither counted against the replica), an
     ``UpstreamTimeout`` when the deadline expires, or ``NoHealthyReplica`` (503) when no pool
     had a usable replica. Records ``rec.attempts``, ``rec.retries``, ``rec.fallback``,
-    ``rec.served_tier``, ``rec.replica``, ``rec.ttft_s`` and ``rec.queue_s``.
+    ``rec.served_tier``, ``rec.tried_tier`` and ``rec.replica`` (the replica's name, never its
+    address: the last one tried, the one that served on success), ``rec.ttft_s`` and
+    ``rec.queue_s``.
     """
     metrics = state.metrics
     add_usage = body.stream and not body.client_wants_usage
@@ -50,6 +61,10 @@ async def open_with_failover(
     rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
     last: GatewayError | None = None
     deadline: float | None = None
+    timeouts = timeouts or ClientTimeouts()
+    read_deadline = None  # the client stops waiting for its first byte then (loop time)
+    if timeouts.read_s is not None:
+        read_deadline = loop.time() - (time.monotonic() - rec.t_start) + timeouts.read_s
     total_s = 0.0
     last_reason = ""
     previous_tier: str | None = None
@@ -59,7 +74,7 @@ async def open_with_failover(
         route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
     for pool in plan.chain:
         if deadline is None:  # the first pool's total timeout bounds the whole request
-            total_s = total_timeout_s(pool.config.timeouts.total_s, timeout_s)
+            total_s = total_timeout_s(pool.config.timeouts.total_s, timeouts.total_s)
             deadline = loop.time() + total_s
         if previous_tier is not None:
             metrics.record_fallback(plan.request.model_name, previous_tier, pool.tier)
@@ -97,6 +112,7 @@ async def open_with_failover(
                 metrics.record_retry(pool, reason)
             tried.append(replica)
             rec.attempts += 1
+            rec.tried_tier, rec.replica = pool.tier, replica.name  # logged even if it never answers
             if rec.queue_s is None:
                 rec.queue_s = time.monotonic() - rec.t_start
             span = trace.attempt(
@@ -117,6 +133,8 @@ async def open_with_failover(
                 deadline=deadline,
                 total_s=total_s,
                 extra_headers=span.headers(),
+                read_s=timeouts.read_s,
+                read_deadline=read_deadline,
             )
             try:
                 opened = await open_attempt(state.upstream, attempt)
@@ -143,13 +161,17 @@ async def open_with_failover(
                 span.end("client-error", status=e.status)
                 metrics.record_attempt(pool, "client-error")
                 raise
+            except UnreadableResponse as e:  # deterministic: the same on any replica
+                span.end("unreadable", status=e.status)
+                metrics.record_attempt(pool, "unreadable")
+                raise
             except BaseException:
                 span.end("cancelled")
                 raise
             pool.record_success(replica)
             metrics.record_attempt(pool, "ok")
             opened.span = span
-            rec.served_tier, rec.replica = pool.tier, replica.safe_url
+            rec.served_tier = pool.tier
             rec.ttft_s = opened.ttft_s
             if pool is not plan.chain[0] or plan.reason == "tier-unavailable":
                 rec.fallback = ",".join(reasons)

@@ -57,8 +57,11 @@ class RetryBudget:
         return int(len(self._requests) * pct) + self._config.budget_min_retries
 
     def try_acquire(self, now: float) -> bool:
-        """Take one retry from the budget; False (and counted) when it is spent."""
-        if len(self._retries) < self.allowed(now):
+        """Take one retry from the budget; False (and counted) when it is spent. The window is
+        trimmed before the retries in it are counted (else a burst long past would still
+        count against the first retry after a quiet period)."""
+        allowed = self.allowed(now)  # trims both windows to the last budget_window_s
+        if len(self._retries) < allowed:
             self._retries.append(now)
             return True
         self.exhausted += 1

@@ -44,6 +44,7 @@ class Stack:
     health: dict = field(default_factory=lambda: {"interval_s": 0.5, "timeout_s": 1})
     config_extra: dict = field(default_factory=dict)  # top-level config sections (state, ...)
     config: dict = field(default_factory=dict)
+    tiers: tuple[str, ...] = ("standard", "fast")  # pools to start (aliases need both)
     procs: list[subprocess.Popen] = field(default_factory=list)
     sims: dict[str, list[str]] = field(default_factory=dict)
     sim_procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # by URL
@@ -56,6 +57,8 @@ class Stack:
             seed = 0
             spawned = []
             for tier, mode in (("standard", "standard"), ("fast", "speculative")):
+                if tier not in self.tiers:
+                    continue
                 self.sims[tier] = []
                 for _ in range(self.replicas_per_tier):
                     sim = spawn_simulator(mode, 1.0, seed, self.sim_args)
@@ -71,8 +74,8 @@ class Stack:
                 **self.config_extra,
                 "models": {
                     MODEL: {
-                        "aliases": {f"{MODEL}-fast": "fast", f"{MODEL}-auto": "auto"},
-                        "fallback": {"fast": "standard"},
+                        **({"aliases": {f"{MODEL}-fast": "fast", f"{MODEL}-auto": "auto"},
+                            "fallback": {"fast": "standard"}} if len(self.tiers) == 2 else {}),
                         "tiers": {
                             tier: {
                                 "served_model_name": MODEL,

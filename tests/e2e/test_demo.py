@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from engines.procs import die_with_parent, wait_port_file
@@ -73,3 +75,75 @@ def test_demo_serves_and_stops_cleanly(sig: signal.Signals, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- issue 13 item 5: the newcomer's first minutes ---------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _readme_block(starts: str, ends: str) -> str:
+    """The README lines from the one starting with ``starts`` through the next one starting
+    with ``ends`` (a shell command as a newcomer would paste it)."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith(starts))
+    last = next(i for i in range(first + 1, len(lines)) if lines[i].startswith(ends))
+    return "\n".join(lines[first:last + 1]) + "\n"
+
+
+def _fresh_shell(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` in bash with an empty environment (no venv activated, no PYTHONPATH)."""
+    return subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", f"HOME={cwd}", "bash", "-c", script],
+                          cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_item5_make_demo_readme_snippets_in_a_fresh_shell_and_kill_term_stops_all(tmp_path):
+    # the venv `make demo` would have made: its stamp is up to date, its speedgate runs ours
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    script = venv / "bin" / "speedgate"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m gateway "$@"\n')
+    script.chmod(0o755)
+    (venv / ".installed-runtime").touch()
+    port_file = tmp_path / "port"
+    make = subprocess.Popen(
+        ["make", "-s", "-C", str(REPO), "demo", f"VENV={venv}", "PORT=0",
+         f"DEMO_ARGS=--port-file {port_file} --replicas 1 --time-scale 0.01"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent,
+    )
+    tree: list[psutil.Process] = []
+    try:
+        port = wait_port_file(port_file, make, timeout_s=60)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("demo gateway did not come up")
+        tree = psutil.Process(make.pid).children(recursive=True)
+        assert len(tree) >= 3  # the demo and one simulator per tier
+        # the README's snippets, pasted into a fresh shell in a clone whose .venv is this one
+        clone = tmp_path / "clone"
+        clone.mkdir()
+        (clone / ".venv").symlink_to(sys.prefix)
+        here = f"127.0.0.1:{port}"
+        curl = _readme_block("curl -s http://127.0.0.1:8080", "       \"messages\"")
+        r = _fresh_shell(curl.replace("127.0.0.1:8080", here), clone)
+        assert r.returncode == 0 and " 200" in r.stdout.splitlines()[0], r.stdout + r.stderr
+        assert "x-speedgate-tier: fast" in r.stdout.lower()
+        py = _readme_block(".venv/bin/python - <<'EOF'", "EOF")
+        r = _fresh_shell(py.replace("127.0.0.1:8080", here), clone)
+        assert r.returncode == 0 and r.stdout.strip(), r.stdout + r.stderr
+        # SIGTERM to make alone: make forwards it to its child, which is the demo (exec)
+        make.send_signal(signal.SIGTERM)
+        make.wait(timeout=20)
+        _, alive = psutil.wait_procs(tree, timeout=20)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        for p in [*tree, psutil.Process(make.pid) if make.poll() is None else None]:
+            if p is not None and p.is_running():
+                p.kill()

@@ -11,7 +11,10 @@ smaller wins, with, in order:
 2. **exploration**: when the pool about to lose has no fresh measurement (none within
    ``explore_stale_s``) and the request starts a session (no turn was routed yet, so no cache
    is forfeited), it goes there with probability ``explore_share`` (``explore``), so an unused
-   pool's estimate keeps up with reality (an ε-greedy bandit restricted to stale arms);
+   pool's estimate keeps up with reality (an ε-greedy bandit restricted to stale arms); and at
+   the latest on the ``ceil(1 / explore_share)``-th such request in a row (``stale_streak``
+   counts those that did not explore), so a wrong estimate is corrected within a bounded
+   number of requests whatever the draws;
 3. **cold start**: while a pool has fewer than ``min_samples`` measured requests, the
    foundation's rule decides: fast while its mean load per replica is under
    ``cold_fast_max_load`` (``fast-idle``), else standard (``fast-saturated``);
@@ -28,6 +31,7 @@ smaller wins, with, in order:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gateway.plan.auto.estimator import PoolEstimate
@@ -72,12 +76,14 @@ class AutoParams:
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The tier chosen, why, and the expected upstream seconds per tier (None: not
-    estimated) with the load each was estimated at."""
+    estimated) with the load each was estimated at; ``explorable``: whether this request
+    could have explored (the caller's ``stale_streak`` counts those that did not)."""
 
     tier: str
     reason: str
     expected_s: dict[str, float] = field(default_factory=dict)
     loads: dict[str, float] = field(default_factory=dict)
+    explorable: bool = False  # the losing pool was stale and the session new: could explore
 
 
 def _other(tier: str) -> str:
@@ -101,9 +107,11 @@ def decide(
     fast: PoolView,
     params: AutoParams,
     draw: float,
+    stale_streak: int = 0,
 ) -> Decision:
     """Choose the tier for one ``auto`` request. ``draw``: a uniform [0, 1) random number (the
-    caller's seeded RNG) used for exploration only."""
+    caller's seeded RNG) used for exploration only; ``stale_streak``: explorable requests in a
+    row that did not explore (the ``ceil(1 / explore_share)``-th explores whatever its draw)."""
     views = {"standard": standard, "fast": fast}
     loads = {t: v.load for t, v in views.items()}
     if not fast.available:
@@ -122,13 +130,15 @@ def decide(
         expected = {t: _time(v, facts, v.cached_tokens) for t, v in views.items()}
         tier, reason = _by_speed(facts, views, expected, params)
     other = _other(tier)
-    if (
-        facts.session_tier is None
-        and draw < params.explore_share
-        and _stale(views[other], params)
+    explorable = (
+        facts.session_tier is None and params.explore_share > 0 and _stale(views[other], params)
+    )
+    if explorable and (
+        draw < params.explore_share
+        or stale_streak + 1 >= math.ceil(1.0 / params.explore_share)
     ):
-        return Decision(other, "explore", expected, loads)
-    return Decision(tier, reason, expected, loads)
+        return Decision(other, "explore", expected, loads, explorable=True)
+    return Decision(tier, reason, expected, loads, explorable=explorable)
 
 
 def _by_speed(

@@ -10,15 +10,24 @@ linear models, fitted by exponentially decayed ridge least squares on finished r
 
 - TTFT (s) ``= a + b·load + c·uncached_prompt_tokens/1000`` (``c`` is the pool's prefill time
   per 1,000 uncached tokens: the extra prefill a request pays where its prefix is not cached);
-- TPOT (s per output token after the first) ``= a + b·load``;
+- decode time (s, first → last content event) ``= f + (n − 1)·(a + b·load)`` for ``n`` output
+  tokens: ``a + b·load`` is the TPOT, ``f`` a fixed cost per request that does not grow with
+  its length (the step that sends the finish chunk, a tool call's header). Fitted as TPOT
+  ``decode/(n − 1) = a + b·load + f/(n − 1)`` with each request weighted by its ``n − 1``
+  tokens (its decode time's variance grows with its length): a short output (``max_tokens``
+  4, a tool call) weighs little and its fixed cost lands in ``f``, where a per-request average
+  of ``decode/(n − 1)`` would charge it to every token and call the pool slow;
 
 where ``load`` is the pool's mean requests per replica (``gateway.routing.load.replica_load``:
 in flight here, or the engine's scraped running + waiting when larger), averaged over the
 request's dispatch and finish. Old samples fade with a half-life (``half_life_s``), but never
-below ``MIN_WEIGHT`` samples' worth, so an unused pool keeps its last fit (the exploration
-share of ``decide`` refreshes it). Ridge priors (``PRIOR_*``) only matter before data arrives,
-except the load slope's, which is proportional to the fitted intercept (``RELATIVE_SLOPE``, per
-tier) and decides until the pool has been measured at more than one load.
+below ``MIN_WEIGHT`` samples' (TTFT) or tokens' (decode) worth, so an unused pool keeps its last
+fit; and a sample arriving after a silence longer than ``stale_s`` (``explore_stale_s``: the
+age at which ``decide`` explores the pool) outweighs that fit at once, since what a stale fit
+says may no longer hold: one exploration corrects a wrong estimate. Ridge priors (``PRIOR_*``)
+only matter before data arrives, except the load slope's, which is proportional to the fitted
+intercept (``RELATIVE_SLOPE``, per tier) and decides until the pool has been measured at more
+than one load.
 
 The fast pool's TPOT is also scaled by its speculative acceptance: the mean tokens per step
 ``1 + accepted / drafts`` from the engines' ``vllm:spec_decode_num_accepted_tokens`` and
@@ -43,8 +52,10 @@ MIN_WEIGHT = 1.0
 #: is explained by the intercept rather than by a slope it cannot identify (λ = 100 on the load
 #: slope weighs like one sample at load 10).
 PRIOR_TTFT = ((0.05, 0.01), (0.0, 100.0), (0.07, 1.0))
-#: Ridge priors of the TPOT model [a (s/token), b (s/token per request of load)]: ~12 ms/token.
-PRIOR_TPOT = ((0.012, 0.01), (0.0, 100.0))
+#: Ridge priors of the decode model [a (s/token), b (s/token per request of load), f (s per
+#: request)]: ~12 ms/token, no fixed cost. Weights are tokens here, so λ = 0.01 is a hundredth of
+#: a token's worth; the load slope's λ = 100 still weighs like ~one long request at load 10.
+PRIOR_TPOT = ((0.012, 0.01), (0.0, 100.0), (0.0, 0.01))
 #: The TTFT model's prefill feature is uncached prompt tokens / this (thousands of tokens).
 KTOK = 1000.0
 #: Prior of the load slopes, relative to the intercept (per request of load): how much slower a
@@ -68,7 +79,9 @@ class DecayedRidge:
 
     Minimises ``Σ wᵢ (yᵢ − xᵢ·β)² + Σⱼ λⱼ (βⱼ − μⱼ)²`` where ``wᵢ = 2^(−ageᵢ / half_life_s)``,
     kept as decayed sums ``XᵀWX`` and ``XᵀWy`` (O(k²) per sample, k ≤ 3). ``priors``: ``(μⱼ,
-    λⱼ)`` per coefficient. Decay stops once the total weight is ``min_weight``."""
+    λⱼ)`` per coefficient. Decay stops once the total weight is ``min_weight``, except that a
+    sample arriving more than ``stale_s`` after the previous one first cuts the old weight down
+    to ``min_weight`` (a stale fit gives way to a fresh measurement)."""
 
     def __init__(
         self,
@@ -76,12 +89,14 @@ class DecayedRidge:
         half_life_s: float,
         min_weight: float = MIN_WEIGHT,
         relative_slope: float | None = None,
+        stale_s: float | None = None,
     ) -> None:
         self.k = len(priors)
         self.priors = tuple(priors)
         self.relative_slope = relative_slope  # prior μ₁ = this × β₀ (a slope ∝ the intercept)
         self.half_life_s = half_life_s
         self.min_weight = min_weight
+        self.stale_s = stale_s
         self.xtx = [[0.0] * self.k for _ in range(self.k)]
         self.xty = [0.0] * self.k
         self.weight = 0.0  # Σ w: samples' worth of data
@@ -94,6 +109,8 @@ class DecayedRidge:
             return
         f = 2.0 ** (-(now - self.last_t) / self.half_life_s)
         f = max(f, self.min_weight / self.weight)
+        if self.stale_s is not None and now - self.last_t > self.stale_s:
+            f = min(f, self.min_weight / self.weight)
         for row in self.xtx:
             for j in range(self.k):
                 row[j] *= f
@@ -102,7 +119,8 @@ class DecayedRidge:
         self.weight *= f
 
     def observe(self, x: Sequence[float], y: float, now: float, w: float = 1.0) -> None:
-        """Add one sample (features ``x``, target ``y``) at ``now`` with weight ``w``."""
+        """Add one sample (features ``x``, target ``y``) at ``now`` with weight ``w`` (samples'
+        worth; the decode model passes tokens)."""
         self._decay(now)
         for i in range(self.k):
             xi = x[i] * w
@@ -190,6 +208,7 @@ class PoolEstimate:
     samples: int  # TPOT samples observed (how much to trust it)
     age_s: float  # seconds since the pool's last sample (inf: never)
     acceptance_factor: float = 1.0  # TPOT multiplier from spec-decode acceptance now vs fit
+    decode_fixed_s: float = 0.0  # f: decode time per request that does not grow with length
 
     def ttft_s(self, load: float, uncached_tokens: float) -> float:
         """Predicted TTFT (s) at ``load`` requests per replica with ``uncached_tokens`` to
@@ -207,24 +226,30 @@ class PoolEstimate:
         """The fitted prefill time per uncached prompt token (s/token), ≥ 0."""
         return max(0.0, self.ttft_beta[2] / KTOK)
 
+    def decode_s(self, load: float, output_tokens: float) -> float:
+        """Expected first → last content event (s): f + (output − 1) × TPOT; 0 for ≤ 1 token."""
+        if output_tokens <= 1:
+            return 0.0
+        return self.decode_fixed_s + (output_tokens - 1) * self.tpot_s(load)
+
     def completion_s(self, load: float, uncached_tokens: float, output_tokens: float) -> float:
-        """Expected upstream time (s) of a request: TTFT + (output − 1) × TPOT."""
-        return self.ttft_s(load, uncached_tokens) + max(0.0, output_tokens - 1) * self.tpot_s(
-            load
-        )
+        """Expected upstream time (s) of a request: TTFT + f + (output − 1) × TPOT."""
+        return self.ttft_s(load, uncached_tokens) + self.decode_s(load, output_tokens)
 
 
 class PoolEstimator:
     """The live estimate of one pool: TTFT and TPOT models, typical completion length,
     measured speed (for telemetry), and spec-decode acceptance (mean tokens per step)."""
 
-    def __init__(self, half_life_s: float = 30.0, tier: str | None = None) -> None:
+    def __init__(
+        self, half_life_s: float = 30.0, tier: str | None = None, stale_s: float | None = None
+    ) -> None:
         self.half_life_s = half_life_s
         rel = RELATIVE_SLOPE.get(tier or "")
-        self.ttft = DecayedRidge(PRIOR_TTFT, half_life_s, relative_slope=rel)
-        self.tpot = DecayedRidge(PRIOR_TPOT, half_life_s, relative_slope=rel)
+        self.ttft = DecayedRidge(PRIOR_TTFT, half_life_s, relative_slope=rel, stale_s=stale_s)
+        self.tpot = DecayedRidge(PRIOR_TPOT, half_life_s, relative_slope=rel, stale_s=stale_s)
         self.output_tokens = Ewma(half_life_s)  # completion tokens per request
-        self.measured_tps = Ewma(half_life_s)  # output tokens/s per request (decode)
+        self.measured_tps = Ewma(half_life_s)  # output tokens/s of decode, token-weighted
         self.measured_ttft = Ewma(half_life_s)  # s
         self.tokens_per_step: float | None = None  # spec decode now (scraped); None: unknown
         self.tokens_per_step_fit = Ewma(half_life_s)  # the same while samples were taken
@@ -243,9 +268,10 @@ class PoolEstimator:
             ttft = max(0.0, self.ttft.predict((1.0, m.load, uncached / KTOK)))
             decode = max(0.0, m.total_s - ttft)
         if decode is not None and m.completion_tokens > 1 and decode > 0:
-            tpot = decode / (m.completion_tokens - 1)
-            self.tpot.observe((1.0, m.load), tpot, now)
-            self.measured_tps.add(1.0 / tpot, now)
+            steps = m.completion_tokens - 1
+            tpot = decode / steps
+            self.tpot.observe((1.0, m.load, 1.0 / steps), tpot, now, w=float(steps))
+            self.measured_tps.add(1.0 / tpot, now, weight=float(steps))
             if self.tokens_per_step is not None:
                 self.tokens_per_step_fit.add(self.tokens_per_step, now)
 
@@ -272,6 +298,7 @@ class PoolEstimator:
             self.tpot.samples,
             math.inf if last is None else max(0.0, now - last),
             self.acceptance_factor(),
+            max(0.0, p[2]),
         )
 
 
@@ -286,14 +313,14 @@ class Ewma:
         self.weight = 0.0
         self.last_t: float | None = None
 
-    def add(self, value: float, now: float) -> None:
-        """Add ``value`` observed at ``now`` (monotonic s)."""
+    def add(self, value: float, now: float, weight: float = 1.0) -> None:
+        """Add ``value`` observed at ``now`` (monotonic s), counted ``weight`` times."""
         if self.last_t is not None and now > self.last_t:
             f = 2.0 ** (-(now - self.last_t) / self.half_life_s)
             self.total *= f
             self.weight *= f
-        self.total += value
-        self.weight += 1.0
+        self.total += value * weight
+        self.weight += weight
         self.last_t = now if self.last_t is None else max(self.last_t, now)
 
     @property

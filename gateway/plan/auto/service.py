@@ -121,8 +121,11 @@ class AutoTier:
             for n, m in config.models.items()
         }
         self.estimators: dict[str, PoolEstimator] = {
-            p.key: PoolEstimator(self.models[p.model].half_life_s, p.tier) for p in pools.all()
+            p.key: PoolEstimator(self.models[p.model].half_life_s, p.tier,
+                                 stale_s=self.models[p.model].explore_stale_s)
+            for p in pools.all()
         }
+        self.stale_streak: Counter[str] = Counter()  # per model: explorable, not explored
         self.sessions: dict[str, AffinityTable] = {
             n: AffinityTable(m.auto.session_table_entries, m.auto.session_ttl_s,
                              max_bytes=m.auto.session_table_max_bytes)
@@ -160,8 +163,13 @@ class AutoTier:
             PoolView(p.tier, bool(p.usable(now)), pool_load(p, now), cached, e.snapshot(now))
             for p, cached, e in ((std, cached_std, est_std), (fast, cached_fast, est_fast))
         ]
-        decision = decide(facts, views[0], views[1], self.params[req.model_name],
-                          self.rng.random())
+        model = req.model_name
+        decision = decide(facts, views[0], views[1], self.params[model], self.rng.random(),
+                          self.stale_streak[model])
+        if decision.reason == "explore":
+            self.stale_streak[model] = 0
+        elif decision.explorable:
+            self.stale_streak[model] += 1
         table.put(route.session_key, decision.tier)
         self.decisions[(req.model_name, decision.tier, decision.reason)] += 1
         return AutoChoice(decision, std.key if decision.tier == "standard" else fast.key)

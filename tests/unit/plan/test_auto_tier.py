@@ -4,6 +4,7 @@ entitlements. Pure: no sockets."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 
 import pytest
@@ -348,3 +349,80 @@ def test_spec_counters_come_from_the_one_engine_scrape():
     values = parse_engine_metrics(text)
     assert (values[SPEC_DRAFTS], values[SPEC_ACCEPTED]) == (100.0, 177.0)
     assert SPEC_DRAFTS not in parse_engine_metrics("")
+
+
+# --- issue 13 item 3: auto tier stuck on the slower pool ----------------------------------------
+
+
+def _decode(tokens: int, tpot: float, fixed: float) -> float:
+    """First → last content event of a stream of ``tokens`` output tokens: a fixed cost per
+    request (the finish step, a tool call's header) plus ``tpot`` per token after the first."""
+    return fixed + (tokens - 1) * tpot
+
+
+def test_item3_auto_short_outputs_and_tool_calls_do_not_poison_the_per_token_estimate():
+    std, fast = PoolEstimator(tier="standard"), PoolEstimator(tier="fast")
+    t = 0.0
+    for _ in range(10):  # ordinary requests on both pools: fast 2x faster per token
+        t += 0.5
+        for est, tpot, fixed in ((std, 0.012, 0.012), (fast, 0.006, 0.040)):
+            est.observe(Measurement(500, 0, 65, 1.0, ttft_s=0.03,
+                                    decode_s=_decode(65, tpot, fixed)), now=t)
+    for i in range(30):  # then max_tokens 4 requests and tool-call streams, all on fast
+        t += 0.5
+        n = 4 if i % 3 else 20
+        fast.observe(Measurement(500, 0, n, 1.0, ttft_s=0.03,
+                                 decode_s=_decode(n, 0.006, 0.040)), now=t)
+    f, s = fast.snapshot(t), std.snapshot(t)
+    assert f.tpot_s(1.0) == pytest.approx(0.006, rel=0.1)
+    assert f.decode_fixed_s == pytest.approx(0.040, rel=0.2)
+    # the estimate of a 64-token request on each pool matches what it measures
+    assert f.completion_s(1.0, 0, 64) == pytest.approx(0.03 + _decode(64, 0.006, 0.04), rel=0.1)
+    assert s.completion_s(1.0, 0, 64) == pytest.approx(0.03 + _decode(64, 0.012, 0.012), rel=0.1)
+    # and an idle auto request of that size goes fast
+    d = decide(RequestFacts(500, 64), PoolView("standard", True, 1.0, 0.0, s),
+               PoolView("fast", True, 1.0, 0.0, f), P, draw=0.99)
+    assert (d.tier, d.reason) == ("fast", "fast-faster")
+    # the measured-speed gauge weighs requests by their tokens too
+    assert 1 / fast.measured_tps.value == pytest.approx(0.006 + 0.04 / 40, rel=0.5)
+
+
+class _Never:
+    """An RNG whose draws never fall under the exploration share (adversarial luck)."""
+
+    @staticmethod
+    def random() -> float:
+        return 0.999
+
+
+def test_item3_auto_exploration_corrects_a_wrong_estimate_within_bounded_requests(monkeypatch):
+    """The fast pool's estimate is wrong (it was slow a while ago, e.g. low speculative
+    acceptance; now it is 2x faster than standard). Requests go to standard; once fast's
+    estimate is ``explore_stale_s`` old, at most ``ceil(1 / explore_share)`` new sessions pass
+    before one explores fast, whatever the draws, and that one measurement corrects it."""
+    import gateway.plan.auto.service as service
+
+    clock = [0.0]
+    monkeypatch.setattr(service, "time", type("T", (), {"monotonic": lambda: clock[0]}))
+    cfg = _cfg(explore_share=0.05, explore_stale_s=10.0)
+    pools = PoolRegistry(cfg)
+    auto = AutoTier(cfg, pools, rng=_Never())  # type: ignore[arg-type]
+    req = ModelIndex(cfg).resolve("m-auto", None, None)
+    for _ in range(30):
+        clock[0] += 0.1
+        _finish(auto, "standard", 0.05, _decode(33, 0.012, 0.0))
+        _finish(auto, "fast", 0.05, _decode(33, 0.020, 0.0))  # the old, wrong picture
+    picks = []
+    for i in range(60):  # one new session a second
+        clock[0] += 1.0
+        doc = {"model": "m-auto", "messages": [{"role": "user", "content": f"task {i}"}],
+               "max_tokens": 32}
+        c = asyncio.run(auto.choose(req, RouteRequest.from_doc(doc, f"s{i}"), doc))
+        picks.append(c.reason)
+        _finish(auto, c.tier, 0.05, _decode(33, 0.006 if c.tier == "fast" else 0.012, 0.0))
+    bound = 10 + math.ceil(1 / 0.05)  # stale after 10 s, then at most 20 explorable requests
+    first = picks.index("explore")
+    assert first < bound, picks
+    after = picks[first + 1:]  # corrected: fast from then on, but for standard's explorations
+    assert set(after) == {"fast-faster", "explore"}, picks
+    assert after.count("explore") <= len(after) // bound + 1, picks

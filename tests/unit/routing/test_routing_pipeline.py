@@ -3,6 +3,7 @@
 import asyncio
 import math
 import random
+import time
 from collections import Counter
 
 import pytest
@@ -279,3 +280,110 @@ def test_session_ledger_counts_moves_and_idles():
     now[0] = 11.0
     led.touch("c", "r1")
     assert led.counts() == {"r1": 1}  # a and d idle too long
+
+
+# --- issue 13 item 3: sessions bound during an outage rebalance ------------------------------
+
+
+def _agent_doc(task: int, turns: int) -> dict:
+    """Session ``task``'s conversation after ``turns`` turns; sessions differ in size (task i
+    brings i × 40 characters of tool output a turn), so which is cheapest to move is known."""
+    msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": f"task {task}"}]
+    for t in range(turns):
+        msgs += [{"role": "assistant", "content": f"step {t}"},
+                 {"role": "user", "content": "x" * (40 * (task + 1))}]
+    return {"messages": msgs}
+
+
+def test_item3_session_share_and_over_share():
+    from gateway.routing.filters import over_share, session_share
+
+    assert session_share(40, 4, 1.25) == 12  # floor(12.5); max/mean 1.2
+    assert session_share(8, 4, 1.25) == 3  # ceil(2) + 1: within one of the mean never sheds
+    assert over_share(40, 40, [0, 0, 0], 1.25) == 28
+    assert over_share(40, 40, [], 1.25) == 0  # nobody to shed to
+    assert over_share(13, 40, [13, 13, 1], 1.25) == 1
+    assert over_share(12, 40, [12, 12, 4], 1.25) == 0
+    assert over_share(40, 40, [0, 0, 0], 0) == 0  # bound off
+
+
+def test_item3_sessions_bound_during_an_outage_rebalance_cheapest_first():
+    async def run():
+        pool = _pool(4)
+        router = PoolRouter(pool, MemoryRoutingStore(), random.Random(11))
+        a = pool.replicas[0]
+        home: dict[int, str] = {}
+        for s in range(40):  # only `a` is up while the 40 sessions start
+            home[s] = (await router.pick(RouteRequest.from_doc(_agent_doc(s, 1), f"s{s}"),
+                                         [a])).name
+        await router.drain()
+        assert set(home.values()) == {a.name}
+        moves_per_turn = []
+        for turn in range(2, 5):  # the others are back
+            moved = 0
+            for s in range(40):
+                got = await router.pick(RouteRequest.from_doc(_agent_doc(s, turn), f"s{s}"),
+                                        pool.replicas)
+                moved += got.name != home[s]
+                home[s] = got.name
+            await router.drain()
+            moves_per_turn.append(moved)
+            counts = router.ledger.counts()
+            assert max(counts.values()) / (40 / 4) <= 1.25, counts
+        assert moves_per_turn == [28, 0, 0]  # one turn to rebalance, then it stays put
+        stayed = sorted(s for s in range(40) if home[s] == a.name)
+        assert stayed == list(range(28, 40))  # the longest conversations stay: cheapest moved
+        assert router.decisions["rebalance"] == 28
+
+    asyncio.run(run())
+
+
+def test_item3_healthy_steady_state_never_moves_a_session():
+    async def run():
+        pool = _pool(4)
+        router = PoolRouter(pool, MemoryRoutingStore(), random.Random(12))
+        rng = random.Random(13)
+        home: dict[int, str] = {}
+        for turn in range(1, 7):
+            order = list(range(40))
+            rng.shuffle(order)
+            for s in order:
+                for r in pool.replicas:
+                    r.inflight = rng.randrange(4)
+                got = await router.pick(RouteRequest.from_doc(_agent_doc(s, turn), f"s{s}"),
+                                        pool.replicas)
+                assert home.setdefault(s, got.name) == got.name, (turn, s)
+            await router.drain()
+        assert router.decisions["rebalance"] == 0
+
+    asyncio.run(run())
+
+
+def test_item3_sessions_ending_unevenly_never_move_the_rest():
+    """Churn on a healthy pool: every session on three replicas ends, the ten on the fourth go
+    on. That replica now holds all the active sessions, but each was bound with every replica
+    to choose from: nothing is shed (new sessions fill the empty replicas instead)."""
+
+    async def run():
+        pool = _pool(4, session_idle_s=0.3)
+        router = PoolRouter(pool, MemoryRoutingStore(), random.Random(14))
+        home = {s: (await router.pick(RouteRequest.from_doc(_agent_doc(s, 1), f"s{s}"),
+                                      pool.replicas)).name for s in range(40)}
+        await router.drain()
+        stay = [s for s in range(40) if home[s] == pool.replicas[0].name]
+        assert len(stay) == 10
+        t_end = time.monotonic() + 0.8  # the other 30 idle out (0.3 s) meanwhile
+        turn = 2
+        while time.monotonic() < t_end:
+            for s in stay:
+                got = await router.pick(RouteRequest.from_doc(_agent_doc(s, turn), f"s{s}"),
+                                        pool.replicas)
+                assert got.name == home[s]
+            turn += 1
+            await asyncio.sleep(0.05)
+        assert router.ledger.counts() == {pool.replicas[0].name: 10}
+        assert router.decisions["rebalance"] == 0
+        new = await router.pick(RouteRequest.from_doc(_agent_doc(99, 1), "s99"), pool.replicas)
+        assert new is not pool.replicas[0]
+
+    asyncio.run(run())

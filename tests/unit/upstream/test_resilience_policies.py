@@ -33,6 +33,19 @@ def test_retry_budget_percent_plus_floor_in_window():
     assert sum(b.try_acquire(20.0) for _ in range(5)) == 3
 
 
+def test_item3_retry_budget_first_retry_after_a_quiet_period_is_granted():
+    """Issue 13 item 3: the window is trimmed before the retries in it are counted. A burst
+    of retries long past must not refuse the first retry after a quiet period (it answered
+    a 429 with Retry-After: 1 in 30 ms instead of retrying)."""
+    b = RetryBudget(RetryConfig(budget_percent=20, budget_min_retries=3, budget_window_s=10))
+    for _ in range(10):
+        b.record_request(0.0)
+    assert sum(b.try_acquire(0.0) for _ in range(10)) == 2 + 3  # the burst spends it all
+    b.record_request(30.0)  # quiet for three windows; no allowed() call in between
+    assert b.try_acquire(30.0)
+    assert b.exhausted == 5
+
+
 def test_outlier_ejects_after_consecutive_failures_with_growing_time():
     cfg = OutlierConfig(consecutive_failures=3, base_ejection_s=10, max_ejection_s=25,
                         probation_successes=2)
@@ -97,7 +110,7 @@ def test_first_content_event(doc, content):
 
 def test_retry_after_and_replica_fault():
     assert parse_retry_after("2") == 2.0
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # a date in the past
     assert parse_retry_after(None) is None
     assert not RetryableFailure("http-429", UpstreamError("x")).replica_fault
     assert RetryableFailure("http-503", UpstreamError("x")).replica_fault
