@@ -7,7 +7,8 @@ empty pools, bad URLs, unknown tiers and cyclic fallback chains fail at load wit
 ``ConfigError`` whose message names the field (pydantic's ``loc``).
 
 The schema is split by scope (``base``: tier names; ``pool``: an engine pool and a model;
-``server``: process-wide sections; ``telemetry``; ``load``: the whole ``GatewayConfig`` and
+``server``: process-wide sections; ``telemetry``; ``flow``: flow control and session budgets;
+``load``: the whole ``GatewayConfig`` and
 ``load_config``); callers import every model from ``gateway.config``. No config model is defined
 outside this package.
 """
@@ -16,6 +17,12 @@ from gateway.config.base import (
     TIERS,
     Tier,
     TierChoice,
+)
+from gateway.config.flow import (
+    BandConfig,
+    BudgetConfig,
+    FlowControlConfig,
+    check_key_bands,
 )
 from gateway.config.load import (
     ConfigError,
@@ -53,8 +60,11 @@ __all__ = [
     "ApiKeyConfig",
     "AuthConfig",
     "AutoConfig",
+    "BandConfig",
+    "BudgetConfig",
     "ConfigError",
     "DnsDiscoveryConfig",
+    "FlowControlConfig",
     "GatewayConfig",
     "HealthConfig",
     "KeyLimits",
@@ -73,5 +83,6 @@ __all__ = [
     "TierChoice",
     "Timeouts",
     "UpstreamConfig",
+    "check_key_bands",
     "load_config",
 ]

@@ -19,6 +19,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from gateway.config.flow import BudgetConfig, FlowControlConfig, check_key_bands
 from gateway.config.pool import ModelConfig
 from gateway.config.server import (
     AuthConfig,
@@ -48,6 +49,8 @@ class GatewayConfig(BaseSettings):
     state: StateConfig = StateConfig()
     auth: AuthConfig = AuthConfig()
     rate_limits: RateLimitConfig = RateLimitConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
+    budgets: BudgetConfig = BudgetConfig()
     models: dict[str, ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -60,6 +63,7 @@ class GatewayConfig(BaseSettings):
                         f"models.{model_name}: name {name!r} already used by {names[name]!r}"
                     )
                 names[name] = model_name
+        check_key_bands(self.flow_control, self.auth.keys, "auth.keys")
         return self
 
     @classmethod
