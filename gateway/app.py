@@ -25,11 +25,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.admit.audit import client_addr
-from gateway.admit.auth import PermissionDenied
+from gateway.admit.auth import PermissionDenied, load_keys
+from gateway.admit.budget import SessionBudgets
+from gateway.admit.budget_redis import RedisLedger
+from gateway.admit.control import AdmissionControl
+from gateway.admit.flow.control import FlowControl
+from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
 from gateway.asgi import Scope, send_error
-from gateway.config import GatewayConfig, load_config
+from gateway.config import ConfigError, GatewayConfig, check_key_bands, load_config
 from gateway.errors import GatewayError
 from gateway.handler import CompletionsEndpoint
 from gateway.plan.auto.service import AutoTier
@@ -139,6 +144,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     gate = Gate(config)  # API keys (read here: a bad keys_file fails at startup), rate limits
     auto = AutoTier(config, pools)  # the auto tier's live estimates (issue 10)
     metrics.registry.register(auto.collector())
+    admission = _admission(config, pools)  # bands, pool queues, session budgets (issue 17)
+    register_flow_metrics(admission.flow, metrics.registry)
+    metrics.registry.register(admission.budgets.collector())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -149,7 +157,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             if config.state.redis_url
             else MemoryUsageStore()
         )
-        state = GatewayState(config, models, pools, upstream, health, metrics, telemetry, usage)
+        state = GatewayState(
+            config, models, pools, upstream, health, metrics, telemetry, usage, admission
+        )
         state.auto = auto
         holder["state"] = state
         app.state.gateway = state
@@ -188,6 +198,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             await telemetry.shutdown()
             await usage.close()
             await gate.close()
+            await admission.close()
 
     app = FastAPI(
         title="speedgate",
@@ -288,7 +299,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         caller = None
         try:
             caller = gate.authenticate(request.scope)
-            if caller is not None and not caller.config.admin and key_id != caller.id:
+            if caller is not None and not caller.config.admin and (
+                key_id != caller.id or session_id is not None
+            ):
                 raise PermissionDenied(
                     "Reading usage of other keys or of sessions needs an admin API key.",
                     code="admin_required",
@@ -303,9 +316,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
                              key_id=caller.id, target_key_id=key_id,
                              target_session=session_id is not None,
                              client=client_addr(request.scope))
-        if (session_id is None) == (key_id is None):
-            err = GatewayError("give exactly one of session_id or key_id", status=400,
-                               type="invalid_request_error", param="session_id")
+        if session_id is None and key_id is None:
+            err = GatewayError("give session_id (and, for its budget, key_id) or key_id",
+                               status=400, type="invalid_request_error", param="session_id")
             return Response(err.to_bytes(), status_code=400, media_type="application/json")
         store = holder["state"].usage
         try:
@@ -315,7 +328,15 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             err = GatewayError("usage store unavailable", status=503, code="state_unavailable")
             return Response(err.to_bytes(), status_code=503, media_type="application/json",
                             headers={"retry-after": "5"})
-        scope = {"session_id": session_id} if session_id is not None else {"key_id": key_id}
+        scope: dict[str, Any] = (
+            {"session_id": session_id} if session_id is not None else {"key_id": key_id}
+        )
+        if session_id is not None:  # its budget under key_id, else under the caller's key
+            owner = key_id if key_id is not None else (caller.id if caller is not None else None)
+            try:
+                scope["budget"] = await admission.budgets.read(owner, session_id)
+            except Exception:  # the budget store is down: the totals still answer
+                scope["budget"] = None
         return _json(200, {"object": "usage", **scope, **totals.to_dict()})
 
     @app.exception_handler(StarletteHTTPException)
@@ -337,6 +358,23 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
 
     app.add_middleware(RequestIdMiddleware)
     return SpeedgateApp(app, hot, config.server.max_header_bytes)
+
+
+def _admission(config: GatewayConfig, pools: PoolRegistry) -> AdmissionControl:
+    """Flow control and session budgets (ledgers in Redis with ``state.redis_url``). Raises
+    ``ConfigError`` when a key of ``auth.keys_file`` names an unknown band."""
+    try:
+        check_key_bands(config.flow_control, load_keys(config.auth), "auth keys")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    b, st = config.budgets, config.state
+    ledger = (
+        RedisLedger.from_url(st.redis_url, st.redis_timeout_s, prefix=b.redis_prefix,
+                             reservation_ttl_s=b.reservation_ttl_s,
+                             session_ttl_s=b.session_ttl_s)
+        if st.redis_url else None
+    )
+    return AdmissionControl(FlowControl(config, pools), SessionBudgets(config, ledger))
 
 
 def create_app_from_env() -> SpeedgateApp:

@@ -2,7 +2,9 @@
 
 ``CompletionsEndpoint`` is a raw ASGI app serving ``/v1/chat/completions`` and
 ``/v1/completions``: no response models, no per-chunk validation. Each step calls a small
-module: ``body`` (validate, rewrite owned fields), ``tiers`` and ``plan`` (tier and fallback
+module: ``body`` (validate, rewrite owned fields), ``gate`` (key, entitlements, rate limits),
+``admission`` (priority band, session budget, the queue of a saturated pool), ``tiers`` and
+``plan`` (tier and fallback
 chain), ``failover`` (attempts on replicas and pools, with ``attempt`` for one try with staged
 timeouts), ``relay`` (SSE and JSON relay), ``accounting`` (usage, cost, metrics, trace, logs).
 """
@@ -13,6 +15,7 @@ import asyncio
 import logging
 from typing import Any, Literal
 
+from gateway.admit.control import Ticket
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.ratelimit import Reservation
@@ -73,6 +76,7 @@ class CompletionsEndpoint:
         raw_size = 0
         gate = self.gate
         reservation: Reservation | None = None
+        ticket: Ticket | None = None
         limit_headers: list[tuple[bytes, bytes]] = []
         try:
             # 1. admit (the key before reading the body; limits once the body is known)
@@ -88,17 +92,24 @@ class CompletionsEndpoint:
             allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
             if gate is not None:  # limits before any routing work (a refused request costs ~0)
                 reservation, limit_headers = await gate.reserve(key, body, self.kind, raw_size)
+            # priority band and session budget (past its soft share auto takes the cheaper tier)
+            ticket = await state.admission.enter(key, treq, allowed, scope, body, raw_size, rec)
+            limit_headers = limit_headers + ticket.headers()
             # routing keys once (sessions scoped to the API key); auto weighs each pool's live
             # estimate for this request
             route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
-            choice = await choose_auto(state.auto, treq, route, body.doc, allowed)
+            choice = await choose_auto(state.auto, treq, route, body.doc, allowed,
+                                       ticket.over_soft_budget)
             plan = plan_request(treq, state.pools, allowed, choice)
             plan.route, rec.auto_choice = route, plan.auto
+            plan.engine_priority = ticket.engine_priority
             timeout_s = header_timeout_s(
                 header(scope, b"x-speedgate-timeout"), header(scope, b"x-stainless-timeout")
             )
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
             async with DisconnectWatch(receive):
+                # a saturated pool: wait in its queue (band order, fair share) or be refused
+                timeout_s = await state.admission.wait(ticket, plan, timeout_s, rec)
                 # 3. attempt
                 opened = await open_with_failover(
                     state, plan, body, rec, trace, self.path, timeout_s
@@ -147,8 +158,11 @@ class CompletionsEndpoint:
                     response_doc=response_doc,
                 )
             finally:
-                if reservation is not None and gate is not None:
-                    await gate.release(reservation, rec)
+                try:
+                    if reservation is not None and gate is not None:
+                        await gate.release(reservation, rec)
+                finally:  # the pool slot back, the session's budget settled at its cost
+                    await state.admission.leave(ticket, rec)
 
     async def _respond(
         self,
@@ -164,7 +178,7 @@ class CompletionsEndpoint:
         rewriter = ChunkRewriter(
             pool.config.served_model_name,
             plan.request.model_name,
-            TIER_TO_SERVICE_TIER[pool.tier],
+            "flex" if rec.flex and pool.tier == "standard" else TIER_TO_SERVICE_TIER[pool.tier],
         )
         headers = self._headers(rec) + limit_headers
         replica = opened.attempt.replica
@@ -172,7 +186,7 @@ class CompletionsEndpoint:
         if not body.stream:
             assert opened.doc is not None
             rec.set_usage(opened.doc.get("usage"))
-            headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s)
+            headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s, rec.flex)
             payload = rewriter.body(opened.doc)
             rec.response_started, rec.status, rec.outcome = True, 200, "ok"
             await send_response(send, 200, payload, headers)
@@ -220,17 +234,18 @@ class CompletionsEndpoint:
 
 
 def usage_headers(
-    usage: Usage | None, prices: Prices, elapsed_s: float
+    usage: Usage | None, prices: Prices, elapsed_s: float, flex: bool = False
 ) -> list[tuple[bytes, bytes]]:
-    """Per-response accounting headers of a JSON response: tokens, cost (USD) and output
-    tokens per second over the upstream time ``elapsed_s``. None without usage."""
+    """Per-response accounting headers of a JSON response: tokens, cost (USD; ``flex``: at
+    the flex share) and output tokens per second over the upstream time ``elapsed_s``. None
+    without usage."""
     if usage is None:
         return []
     out = [
         (b"x-speedgate-prompt-tokens", str(usage.prompt).encode()),
         (b"x-speedgate-cached-tokens", str(usage.cached).encode()),
         (b"x-speedgate-completion-tokens", str(usage.completion).encode()),
-        (b"x-speedgate-cost-usd", f"{cost_usd(usage, prices):.8f}".encode()),
+        (b"x-speedgate-cost-usd", f"{cost_usd(usage, prices, flex):.8f}".encode()),
     ]
     if elapsed_s > 0:
         rate = f"{usage.completion / elapsed_s:.1f}".encode()

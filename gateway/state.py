@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.admit.control import AdmissionControl
 from gateway.config import GatewayConfig
 from gateway.plan.tiers import ModelIndex
 from gateway.routing.pools import PoolRegistry
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class GatewayState:
     """Everything a request needs: config, name index, pools, upstream client, health probes,
-    metrics, traces and the usage totals store; ``auto``: the auto tier's live estimates."""
+    metrics, traces and the usage totals store; ``admission``: priority bands, pool queues and
+    session budgets; ``auto``: the auto tier's live estimates."""
 
     config: GatewayConfig
     models: ModelIndex
@@ -31,4 +33,5 @@ class GatewayState:
     metrics: GatewayMetrics
     telemetry: Telemetry
     usage: UsageStore
+    admission: AdmissionControl
     auto: AutoTier | None = None
