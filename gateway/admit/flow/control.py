@@ -163,18 +163,21 @@ class _PoolFlow:
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._pump())
 
+    def tick(self, now: float) -> None:
+        """Refuse expired requests, promote starving ones, fill free slots (the pump's step;
+        tests call it with their own clock)."""
+        for w in self.queue.expired(now):
+            self.fail(w, "timeout", now)
+        for _w, src, dst in self.queue.promote(now):
+            self.owner.promotions[(self.pool.key, self.owner.band_names[src],
+                                   self.owner.band_names[dst])] += 1
+        self.dispatch(now)
+        self.drain.mark(now, bool(len(self.queue)))
+
     async def _pump(self) -> None:
         interval = self.owner.config.flow_control.recheck_interval_s
-        clock = self.owner.clock
         while len(self.queue):
-            now = clock()
-            for w in self.queue.expired(now):
-                self.fail(w, "timeout", now)
-            for _w, src, dst in self.queue.promote(now):
-                self.owner.promotions[(self.pool.key, self.owner.band_names[src],
-                                       self.owner.band_names[dst])] += 1
-            self.dispatch(now)
-            self.drain.mark(now, bool(len(self.queue)))
+            self.tick(self.owner.clock())
             if not len(self.queue):
                 break
             self.wake.clear()

@@ -17,7 +17,8 @@ flooding at 10x gets its weight's share and no more, and a light key's request w
 about one maximum-size request of each other key. ``settle`` corrects a flow's finish tag by
 the actual tokens once a request finished (estimates use ``max_tokens``; an agent that asks for
 4k and writes 200 is charged 200), so the shares hold in served tokens. Idle flows are kept only
-while their finish tag is ahead of the virtual time (memory bounded by the backlog).
+while their finish tag is ahead of the virtual time, and everything restarts when the band
+empties (the end of a busy period), so memory is bounded by the backlog.
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ class FairQueue(Generic[T]):
             k.start = k.finish
             self._push_key(key, k)
         self._pops += 1
-        if self._pops % 1024 == 0:
+        if not self._n:  # idle: every tag may restart from zero (SFQ, end of a busy period)
+            self._reset()
+        elif self._pops % 1024 == 0:
             self._prune()
         return item
 
@@ -211,6 +214,11 @@ class FairQueue(Generic[T]):
             heapq.heappop(heap)
             flows[name].token += 1
         return name
+
+    def _reset(self) -> None:
+        self.v = 0.0
+        self._keys.clear()
+        self._heap.clear()
 
     def _prune(self) -> None:
         """Forget idle flows whose finish tag the virtual time has passed (they would start
