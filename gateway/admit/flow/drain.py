@@ -22,7 +22,7 @@ class DrainMeter:
     event (arrival, dispatch, removal) with whether requests were waiting since the previous
     event; ``dispatched`` for each request leaving the queue for an engine."""
 
-    def __init__(self, half_life_s: float, min_busy_s: float = 0.5, min_samples: int = 3) -> None:
+    def __init__(self, half_life_s: float, min_busy_s: float = 0.1, min_samples: int = 5) -> None:
         self.half_life_s = half_life_s
         self.min_busy_s = min_busy_s
         self.min_samples = min_samples
