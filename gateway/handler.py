@@ -230,6 +230,8 @@ class CompletionsEndpoint:
             out.append((b"x-speedgate-fallback", rec.fallback.encode()))
         if rec.auto_reason:
             out.append((b"x-speedgate-auto-reason", rec.auto_reason.encode()))
+        if rec.queue_wait_s is not None:  # waited in the gateway queue of a saturated pool
+            out.append((b"x-speedgate-queue-wait-s", f"{rec.queue_wait_s:.4f}".encode()))
         return out
 
 

@@ -92,16 +92,20 @@ class AdmissionControl:
     async def wait(
         self, ticket: Ticket, plan: Plan, timeout_s: float | None, rec: RequestRecord
     ) -> float | None:
-        """Take a slot on the plan's first pool, waiting in its queue while it is saturated
-        (at most the band's ``max_queue_s``, the pool's ``ttft_s`` and the request's own
-        timeout). Returns ``timeout_s`` less the time waited (``rec.queue_wait_s``). Raises
+        """Take a slot on the plan's first pool, waiting in its queue while it is saturated:
+        at most the band's ``max_queue_s``, the pool's ``ttft_s``, and the request's own total
+        timeout less the time a request of its band typically holds a slot (a request that
+        would be cut off by its deadline mid-answer is better refused before it runs).
+        Returns ``timeout_s`` less the time waited (``rec.queue_wait_s``). Raises
         ``QueueRefused``."""
         if not plan.chain:
             return timeout_s
         pool = plan.chain[0]
         t = pool.config.timeouts
         band = self.flow.config.flow_control.bands[ticket.admission.band.index]
-        budget_s = min(band.max_queue_s, t.ttft_s, total_timeout_s(t.total_s, timeout_s))
+        index = ticket.admission.band.index
+        left = total_timeout_s(t.total_s, timeout_s) - self.flow.service_s(pool, index)
+        budget_s = max(0.0, min(band.max_queue_s, t.ttft_s, left))
         ticket.slot = slot = await self.flow.acquire(pool, ticket.admission, budget_s)
         if slot is None:
             return timeout_s

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.admit.flow.bands import HEADER, BandChoice, resolve_band
-from gateway.admit.flow.drain import DrainMeter, retry_after_s, shed
+from gateway.admit.flow.drain import DrainMeter, expected_wait_s, retry_after_s, shed
 from gateway.admit.flow.queue import BandedQueue, BandRule, Waiter
 from gateway.admit.flow.saturation import EngineQueues, band_limits, slot_capacity
 from gateway.config import ApiKeyConfig, GatewayConfig
@@ -94,6 +94,7 @@ class Slot:
     band: int
     queued: bool
     waited_s: float = 0.0
+    started: float = 0.0
     released: bool = False
 
     def remaining_s(self, timeout_s: float | None) -> float | None:
@@ -111,6 +112,9 @@ class _PoolFlow:
         self.queue = BandedQueue([BandRule(b.name, b.max_wait_s) for b in cfg.bands])
         self.shares = [b.reserved_share for b in cfg.bands]
         self.drain = DrainMeter(cfg.drain_half_life_s)
+        self.key_drain: dict[str, DrainMeter] = {}  # per API key, while it has some waiting
+        self.key_queued: Counter[str] = Counter()
+        self.service_s: list[float | None] = [None] * len(cfg.bands)  # hold time EWMA, band
         self.engine = EngineQueues()
         self.active = 0
         self.wake = asyncio.Event()
@@ -139,7 +143,36 @@ class _PoolFlow:
     def take(self, admission: Admission, band: int, queued: bool, waited_s: float) -> Slot:
         self.active += 1
         self.engine.sent += 1
-        return Slot(self, admission, band, queued, waited_s)
+        return Slot(self, admission, band, queued, waited_s, self.owner.clock())
+
+    def key_event(self, now: float, key: str, delta: int, cost: float | None = None) -> None:
+        """A request of ``key`` joined (+1) or left (-1) the queue; ``cost`` when it left for
+        an engine (the key's drain meter counts it)."""
+        self.key_queued[key] += delta
+        waiting = self.key_queued[key] > 0
+        if not waiting:
+            del self.key_queued[key]
+        meter = self.key_drain.get(key)
+        if meter is None:
+            meter = self.key_drain[key] = DrainMeter(self.drain.half_life_s)
+        if cost is None:
+            meter.mark(now, waiting)
+        else:
+            meter.dispatched(now, cost, waiting)
+
+    def wait_s(self, band: int, adm: Admission) -> float | None:
+        """Expected wait of a new request ``adm`` in ``band`` (``drain.expected_wait_s``)."""
+        ahead = self.queue.tokens_ahead(band, adm.key, adm.cost, adm.weight)
+        meter = self.key_drain.get(adm.key) if self.key_queued[adm.key] else None
+        own = self.queue.key_tokens(band, adm.key) + adm.cost
+        return expected_wait_s(ahead, self.drain.rate(), own,
+                               meter.rate() if meter is not None else None)
+
+    def served(self, slot: Slot, now: float) -> None:
+        """Learn the band's typical slot hold time (EWMA, weight 0.2 to the newest)."""
+        held = now - slot.started
+        prev = self.service_s[slot.band]
+        self.service_s[slot.band] = held if prev is None else prev + 0.2 * (held - prev)
 
     def dispatch(self, now: float) -> None:
         """Hand free slots to waiting requests, highest band first."""
@@ -152,8 +185,10 @@ class _PoolFlow:
                 break
             fut, adm = w.payload
             if fut.done():  # its request is gone (cancelled): nothing to hand over
+                self.key_event(now, w.key, -1)
                 continue
             self.drain.dispatched(now, w.cost, bool(len(self.queue)))
+            self.key_event(now, w.key, -1, w.cost)
             fut.set_result(self.take(adm, w.band, True, now - w.arrived))
             name = self.owner.band_names[w.band]
             self.dispatched[name] += 1
@@ -188,10 +223,10 @@ class _PoolFlow:
     def fail(self, w: Waiter, reason: str, now: float) -> None:
         """Refuse a waiting request (its deadline passed)."""
         fut, adm = w.payload
+        self.key_event(now, w.key, -1)
         if fut.done():
             return
-        ahead = self.queue.tokens_ahead(w.band, adm.key, adm.cost, adm.weight)
-        retry = retry_after_s(ahead, self.drain.rate())
+        retry = retry_after_s(self.wait_s(w.band, adm))
         self.owner.count_shed(self.pool, self.owner.band_names[w.first_band], reason)
         fut.set_exception(QueueRefused(reason, retry, adm.flex,
                                        f" ({now - w.arrived:.1f}s)"))
@@ -245,8 +280,7 @@ class FlowControl:
         lowest = pf.lowest_band(now)
         if lowest is not None and band <= lowest and not any(pf.queue.lengths()[: band + 1]):
             return pf.take(adm, band, False, 0.0)
-        ahead = pf.queue.tokens_ahead(band, adm.key, adm.cost, adm.weight)
-        decision = shed(ahead, pf.drain.rate(), budget_s, len(pf.queue),
+        decision = shed(pf.wait_s(band, adm), budget_s, len(pf.queue),
                         self.config.flow_control.max_queue_len)
         if decision.reason is not None:
             self.count_shed(pool, adm.band.name, decision.reason)
@@ -258,6 +292,7 @@ class FlowControl:
                    payload=(fut, adm))
         pf.drain.mark(now, True)
         pf.queue.push(w)
+        pf.key_event(now, adm.key, +1)
         pf.dispatch(now)  # a slot may be free for it already (a higher band was waiting)
         if not fut.done():
             pf.start_pump()
@@ -268,6 +303,7 @@ class FlowControl:
                 self.release(fut.result(), None)  # dispatched as the client left
             elif pf.queue.remove(w):
                 pf.drain.mark(self.clock(), bool(len(pf.queue)))
+                pf.key_event(self.clock(), adm.key, -1)
             raise
 
     def release(self, slot: Slot | None, actual_tokens: int | None) -> None:
@@ -280,12 +316,19 @@ class FlowControl:
         pf = slot.pool
         pf.active -= 1
         pf.engine.finished += 1
+        pf.served(slot, self.clock())
         adm = slot.admission
         if slot.queued and actual_tokens is not None:
             pf.queue.bands[slot.band].fair.settle(adm.key, adm.session, actual_tokens - adm.cost)
         if len(pf.queue):
             pf.dispatch(self.clock())
             pf.wake.set()
+
+    def service_s(self, pool: Pool, band: int) -> float:
+        """Typical seconds a request of ``band`` holds a slot on ``pool`` (0 until measured):
+        the queue budget leaves this much of a request's deadline for its own service."""
+        pf = self.pools.get(pool.key)
+        return (pf.service_s[band] or 0.0) if pf is not None else 0.0
 
     # -- telemetry ---------------------------------------------------------------------------
     def count_shed(self, pool: Pool, band: str, reason: str) -> None:
@@ -304,6 +347,7 @@ class FlowControl:
             for w in list(pf.queue):
                 pf.queue.remove(w)
                 pf.fail(w, "timeout", now)
+            pf.key_drain.clear()
             if pf.task is not None:
                 pf.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -5,10 +5,17 @@ honest ``Retry-After``. Pure: every method takes ``now`` (seconds, any monotonic
 dispatched from the queue per second of backlog, both sums exponentially decayed with
 half-life ``half_life_s`` so the rate follows the pool (replicas added or lost, requests
 changing shape). Time with an empty queue is not counted: the rate is the pool's capacity to
-drain, not its recent demand. ``shed`` turns a request's tokens ahead into its expected wait
-(tokens ahead / rate) and refuses it at arrival when that exceeds its budget, with
-``Retry-After`` = the expected wait minus the budget (when the backlog ahead will have drained
-enough for it to fit), at least 1 s.
+drain, not its recent demand. One meter per pool, and one per API key counting only that key's
+requests and the time it had some waiting: under fair queuing a backlogged key drains at its
+share, not at the pool's rate.
+
+``expected_wait_s`` is the larger of two estimates: the tokens ahead of the request (fluid fair
+sharing, ``queue.BandedQueue.tokens_ahead``) over the pool's rate, and, when its key already
+has requests waiting, the key's own queued tokens over the key's measured rate (a flooding key
+that gets a quarter of the pool waits four times longer than the pool's rate says). ``shed``
+refuses a request at arrival when that exceeds its budget, with ``Retry-After`` = the expected
+wait minus the budget (when the backlog ahead will have drained enough for it to fit), at
+least 1 s.
 """
 
 from __future__ import annotations
@@ -70,20 +77,32 @@ class ShedDecision:
     retry_after_s: float = 1.0
 
 
-def shed(
+def expected_wait_s(
     tokens_ahead: float,
     rate: float | None,
+    own_tokens: float = 0.0,
+    key_rate: float | None = None,
+) -> float | None:
+    """Seconds until a new request starts: ``max(tokens_ahead / rate, own_tokens / key_rate)``
+    over the estimates available (None when neither rate is known). ``own_tokens``: its key's
+    queued tokens in its band plus its own cost; ``key_rate``: the key's drain rate while it
+    had requests waiting (None when it has none waiting or no measurement)."""
+    waits = [tokens_ahead / rate if rate else None, own_tokens / key_rate if key_rate else None]
+    known = [w for w in waits if w is not None]
+    return max(known) if known else None
+
+
+def shed(
+    wait: float | None,
     budget_s: float,
     queued: int,
     max_queue_len: int,
 ) -> ShedDecision:
     """Decide at arrival whether a request that must wait can start within ``budget_s``
-    seconds (the lesser of its band's ``max_queue_s`` and its own deadline).
+    seconds (its band's ``max_queue_s`` and its deadline less its expected service time).
 
-    ``tokens_ahead``: estimated tokens dispatched before it (``BandedQueue.tokens_ahead``);
-    ``rate``: the drain rate (tokens/s, None: unknown, then only the queue length refuses);
-    ``queued``: requests waiting in the pool's queue now."""
-    wait = tokens_ahead / rate if rate else None
+    ``wait``: its expected wait (``expected_wait_s``; None: unknown, then only the queue length
+    refuses); ``queued``: requests waiting in the pool's queue now."""
     if queued >= max_queue_len:
         return ShedDecision("queue_full", wait, max(1.0, wait or 1.0))
     if wait is not None and wait > budget_s:
@@ -91,7 +110,7 @@ def shed(
     return ShedDecision(None, wait)
 
 
-def retry_after_s(tokens_ahead: float, rate: float | None) -> float:
-    """``Retry-After`` (s) for a request refused after waiting: the time the backlog ahead of a
-    new request of its band needs to drain, at least 1 s (1 s when the rate is unknown)."""
-    return max(1.0, tokens_ahead / rate) if rate else 1.0
+def retry_after_s(wait: float | None) -> float:
+    """``Retry-After`` (s) for a request refused after waiting: the expected wait of a new
+    request like it (``expected_wait_s``), at least 1 s (1 s when unknown)."""
+    return max(1.0, wait) if wait else 1.0

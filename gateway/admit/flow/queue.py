@@ -193,6 +193,10 @@ class BandedQueue:
             ahead += q if other == key else min(q, own * w / weight)
         return ahead
 
+    def key_tokens(self, band: int, key: str) -> float:
+        """Tokens ``key`` has waiting in ``band``'s fair queue."""
+        return self.bands[band].fair.queued_cost().get(key, (0.0, 1.0))[0]
+
     def __iter__(self) -> Iterator[Waiter]:
         """Every waiting request (no particular order)."""
         return iter(list(self._where))

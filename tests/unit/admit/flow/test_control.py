@@ -250,3 +250,44 @@ async def test_close_refuses_what_still_waits():
     await flow.close()
     await settle()
     assert isinstance(t.exception(), QueueRefused)
+
+
+async def test_a_backlogged_key_waits_at_its_own_share_of_the_drain():
+    """Two keys share the slot half and half: the pool drains 1,000 tokens/s but each key only
+    500, so a new request of a backlogged key waits for its own queue at 500 tokens/s; a key
+    with nothing waiting starts after its fair share of the others'."""
+    flow, pool, clock = make(cap=1)
+    slot = await flow.acquire(pool, adm(1), 10)
+    tasks = [await queue(flow, pool, adm(1, key=k, session=f"{k}{i}"))
+             for i in range(8) for k in ("a", "b")]
+    for _ in range(10):  # 5 of each dispatched, one per 0.1 s
+        clock.t += 0.1
+        flow.release(slot, None)
+        await settle()
+        done = next(t for t in tasks if t.done())
+        tasks.remove(done)
+        slot = done.result()
+    pf = flow.pools[pool.key]
+    assert pf.drain.rate() == pytest.approx(1000, rel=0.05)
+    assert pf.key_drain["a"].rate() == pytest.approx(500, rel=0.05)
+    wait_a = pf.wait_s(1, adm(1, key="a"))  # its 3 queued + itself at 500/s
+    wait_new = pf.wait_s(1, adm(1, key="new"))  # itself + an equal share of a's and b's
+    assert wait_a == pytest.approx(0.8, rel=0.05)
+    assert wait_new == pytest.approx(0.3, rel=0.05)
+    with pytest.raises(QueueRefused):
+        await flow.acquire(pool, adm(1, key="a"), budget_s=0.6)
+    fits = await queue(flow, pool, adm(1, key="new"), budget_s=0.6)
+    assert not fits.done()
+
+
+async def test_service_time_per_band_is_learned():
+    flow, pool, clock = make(cap=2)
+    s = await flow.acquire(pool, adm(2), 10)
+    clock.t += 8.0
+    flow.release(s, None)
+    assert flow.service_s(pool, 2) == pytest.approx(8.0)
+    assert flow.service_s(pool, 0) == 0.0
+    s = await flow.acquire(pool, adm(2), 10)
+    clock.t += 18.0
+    flow.release(s, None)
+    assert flow.service_s(pool, 2) == pytest.approx(10.0)  # EWMA, 0.2 to the newest
