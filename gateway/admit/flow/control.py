@@ -162,8 +162,12 @@ class _PoolFlow:
 
     def wait_s(self, band: int, adm: Admission) -> float | None:
         """Expected wait of a new request ``adm`` in ``band`` (``drain.expected_wait_s``)."""
+        now = self.owner.clock()
+        self.drain.mark(now, bool(len(self.queue)))  # the backlog so far counts
         ahead = self.queue.tokens_ahead(band, adm.key, adm.cost, adm.weight)
         meter = self.key_drain.get(adm.key) if self.key_queued[adm.key] else None
+        if meter is not None:
+            meter.mark(now, True)
         own = self.queue.key_tokens(band, adm.key) + adm.cost
         return expected_wait_s(ahead, self.drain.rate(), own,
                                meter.rate() if meter is not None else None)
