@@ -168,7 +168,7 @@ class _PoolFlow:
         meter = self.key_drain.get(adm.key) if self.key_queued[adm.key] else None
         if meter is not None:
             meter.mark(now, True)
-        own = self.queue.key_tokens(band, adm.key) + adm.cost
+        own = self.queue.key_tokens(band, adm.key)
         return expected_wait_s(ahead, self.drain.rate(), own,
                                meter.rate() if meter is not None else None)
 

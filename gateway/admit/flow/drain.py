@@ -85,7 +85,7 @@ def expected_wait_s(
 ) -> float | None:
     """Seconds until a new request starts: ``max(tokens_ahead / rate, own_tokens / key_rate)``
     over the estimates available (None when neither rate is known). ``own_tokens``: its key's
-    queued tokens in its band plus its own cost; ``key_rate``: the key's drain rate while it
+    tokens already waiting in its band; ``key_rate``: the key's drain rate while it
     had requests waiting (None when it has none waiting or no measurement)."""
     waits = [tokens_ahead / rate if rate else None, own_tokens / key_rate if key_rate else None]
     known = [w for w in waits if w is not None]

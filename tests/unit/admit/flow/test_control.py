@@ -268,15 +268,15 @@ async def test_a_backlogged_key_waits_at_its_own_share_of_the_drain():
         tasks.remove(done)
         slot = done.result()
     pf = flow.pools[pool.key]
-    wait_a = pf.wait_s(1, adm(1, key="a"))  # its 3 queued + itself at 500/s
-    wait_new = pf.wait_s(1, adm(1, key="new"))  # itself + an equal share of a's and b's
-    assert wait_a == pytest.approx(0.8, rel=0.05)
-    assert wait_new == pytest.approx(0.3, rel=0.05)
+    wait_a = pf.wait_s(1, adm(1, key="a"))  # its 3 queued at 500/s
+    wait_new = pf.wait_s(1, adm(1, key="new"))  # an equal share (its cost) of a's and b's
+    assert wait_a == pytest.approx(0.6, rel=0.05)
+    assert wait_new == pytest.approx(0.2, rel=0.05)
     assert pf.drain.rate() == pytest.approx(1000, rel=0.05)
     assert pf.key_drain["a"].rate() == pytest.approx(500, rel=0.05)
     with pytest.raises(QueueRefused):
-        await flow.acquire(pool, adm(1, key="a"), budget_s=0.6)
-    fits = await queue(flow, pool, adm(1, key="new"), budget_s=0.6)
+        await flow.acquire(pool, adm(1, key="a"), budget_s=0.5)
+    fits = await queue(flow, pool, adm(1, key="new"), budget_s=0.5)
     assert not fits.done()
 
 
