@@ -71,7 +71,7 @@ class Params:
     time_scale: float = 1.0
     interactive_users: int = 1
     interactive_tokens: int = 32
-    batch_sessions: int = 7
+    batch_sessions: int = 8
     flood_factor: int = 10
     turns: int = 6
     batch_tokens: int = 192
@@ -98,6 +98,7 @@ class Sample:
     tokens: int = 0
     queue_wait: float | None = None
     retry_after: str | None = None
+    code: str | None = None  # the error code of a refusal
 
 
 @dataclass
@@ -106,6 +107,8 @@ class Phase:
     errors: Counter = field(default_factory=Counter)
     hung: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    # (t, running, waiting, generated tokens so far) summed over the replicas
+    engine: list[tuple[float, int, int, float]] = field(default_factory=list)
 
 
 class Keys:
@@ -135,7 +138,10 @@ async def stream_turn(http: aiohttp.ClientSession, url: str, key: str, doc: dict
         qw = r.headers.get("x-speedgate-queue-wait-s")
         s.queue_wait = float(qw) if qw else None
         if r.status != 200:
-            await r.read()
+            try:
+                s.code = orjson.loads(await r.read())["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                s.code = "unparsed"
             s.end = time.perf_counter() - t0
             return s, ""
         async for line in r.content:
@@ -157,8 +163,10 @@ async def stream_turn(http: aiohttp.ClientSession, url: str, key: str, doc: dict
 class Run:
     """The users of one phase against one gateway."""
 
-    def __init__(self, p: Params, keys: Keys, url: str, with_batch: bool) -> None:
+    def __init__(self, p: Params, keys: Keys, url: str, with_batch: bool,
+                 sims: list[str]) -> None:
         self.p, self.keys, self.url, self.with_batch = p, keys, url, with_batch
+        self.sims = sims
         self.phase = Phase()
         self.stop_at = 0.0
         self.t0 = 0.0
@@ -235,7 +243,7 @@ class Run:
                 for k in BATCH_KEYS:
                     n = self.p.batch_sessions * (self.p.flood_factor if k == "flood" else 1)
                     tasks += [asyncio.ensure_future(self.agent(http, k, i)) for i in range(n)]
-            await asyncio.sleep(seconds)
+            await self.sample_engines(http, seconds)
             _, pending = await asyncio.wait(tasks, timeout=self.p.drain_s)
             self.phase.hung = self.inflight
             for t in pending:
@@ -243,6 +251,24 @@ class Run:
             await asyncio.gather(*pending, return_exceptions=True)
             self.phase.metrics = await gateway_metrics(http, self.url)
         return self.phase
+
+
+    async def sample_engines(self, http: aiohttp.ClientSession, seconds: float) -> None:
+        """Every 0.5 s until the phase ends: the engines' running and waiting sequences and
+        their ``vllm:generation_tokens_total`` (the pool's output tokens, whoever asked)."""
+        while (now := time.perf_counter()) < self.stop_at + 0.5:
+            running = waiting = 0
+            generated = 0.0
+            for u in self.sims:
+                async with http.get(u + "/sim/stats") as r:
+                    st = await r.json()
+                running, waiting = running + st["running"], waiting + st["waiting"]
+                async with http.get(u + "/metrics") as r:
+                    for line in (await r.text()).splitlines():
+                        if line.startswith("vllm:generation_tokens_total"):
+                            generated += float(line.rsplit(" ", 1)[1])
+            self.phase.engine.append((now - self.t0, running, waiting, generated))
+            await asyncio.sleep(0.5)
 
 
 async def gateway_metrics(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -276,7 +302,14 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
     batch = [s.ttft for s in ok if s.band == "batch" and s.ttft is not None]
     finished = [s for s in ph.samples if s.status == 200 and lo <= s.end < hi]
     served = {k: sum(s.tokens for s in finished if s.key == k) for k in BATCH_KEYS}
-    shed = [s for s in inside if s.status in (429, 503)]
+    shed = [s for s in inside if s.code in ("queue_wait_too_long", "queue_full")
+            or (s.code == "resource_unavailable" and s.end - s.start < 1.0)]
+    timed_out = [s for s in inside if s.code == "queue_timeout"
+                 or (s.code == "resource_unavailable" and s.end - s.start >= 1.0)]
+    cut = [s for s in inside if s.status == 200 and s.ttft is not None and not s.tokens]
+    eng = [(r, w) for t, r, w, _ in ph.engine if lo <= t < hi]
+    gen = [(t, g) for t, _, _, g in ph.engine if lo <= t <= hi + 0.5]
+    pool_tps = (gen[-1][1] - gen[0][1]) / (gen[-1][0] - gen[0][0]) if len(gen) > 1 else None
     waits = [s.queue_wait for s in inside if s.band == "batch" and s.queue_wait is not None]
 
     def r(x: float | None, n: int = 3) -> float | None:
@@ -291,7 +324,8 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
         "interactive_requests": len(inter),
         "batch_ttft_p95_s": r(pct(batch, 0.95)),
         "batch_ttft_max_s": r(max(batch)) if batch else None,
-        "output_tokens_per_s": r(total / duration_s, 1),
+        "output_tokens_per_s": r(pool_tps, 1),
+        "client_output_tokens_per_s": r(total / duration_s, 1),
         "served_tokens": served,
         "jain_batch": r(jain(list(served.values()))),
         "flood_share": r(served["flood"] / sum(served.values())) if sum(served.values())
@@ -299,6 +333,10 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
         "shed": len(shed),
         "shed_slowest_ms": r(max((s.end - s.start) * 1e3 for s in shed), 1) if shed else None,
         "shed_with_retry_after": sum(1 for s in shed if s.retry_after),
+        "timed_out_in_queue": len(timed_out),
+        "cut_by_deadline": len(cut),
+        "engine_running_mean": r(sum(x for x, _ in eng) / len(eng), 1) if eng else None,
+        "engine_waiting_mean": r(sum(y for _, y in eng) / len(eng), 1) if eng else None,
         "hung": ph.hung,
         "batch_queue_wait_max_s": r(max(waits)) if waits else None,
         "errors": dict(ph.errors),
@@ -337,12 +375,12 @@ async def phases(p: Params, keys: Keys, gws: dict[str, str], sims: list[str]
     out: dict[str, Any] = {}
     raw: dict[str, list[dict[str, Any]]] = {}
     await reset(sims)
-    idle = await Run(p, keys, gws["off"], with_batch=False).drive(p.idle_s)
+    idle = await Run(p, keys, gws["off"], False, sims).drive(p.idle_s)
     out["idle"] = summarize(idle, 0.0, p.idle_s)
     raw["idle"] = [asdict(s) for s in idle.samples]
     for mode in ("off", "on"):
         await reset(sims)
-        ph = await Run(p, keys, gws[mode], with_batch=True).drive(p.warmup_s + p.duration_s)
+        ph = await Run(p, keys, gws[mode], True, sims).drive(p.warmup_s + p.duration_s)
         out[mode] = summarize(ph, p.warmup_s, p.duration_s)
         raw[mode] = [asdict(s) for s in ph.samples]
     out["samples"] = raw
@@ -404,7 +442,8 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
 def print_table(res: dict[str, Any]) -> None:
     cols = ("requests", "interactive_ttft_p50_s", "interactive_ttft_p95_s",
             "interactive_ttft_max_s", "batch_ttft_p95_s", "output_tokens_per_s", "jain_batch",
-            "flood_share", "shed", "shed_slowest_ms", "hung", "batch_queue_wait_max_s")
+            "flood_share", "shed", "shed_slowest_ms", "timed_out_in_queue", "cut_by_deadline",
+            "engine_running_mean", "engine_waiting_mean", "hung", "batch_queue_wait_max_s")
     print(f"{'phase':<6}" + "".join(f"{c[:16]:>17}" for c in cols))
     for phase in ("idle", "off", "on"):
         c = res[phase]
