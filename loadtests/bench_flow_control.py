@@ -23,12 +23,16 @@ interactive band). Each loaded phase: ``--warmup-s`` unmeasured, then ``--durati
 measured (requests started in the window; tokens of requests finished in it), then new
 requests stop and the ones in flight get ``--drain-s`` to finish (the rest count as hung).
 
-Reported per phase: interactive TTFT p50/p95/max (s), batch TTFT p95/max, pool output
-tokens/s, served output tokens per batch key and Jain's fairness index over the four equal-
-weight batch keys ((Σx)² / (n Σx²); 1 = equal), the flooding key's share, shed requests (count,
-slowest answer in ms, share with ``Retry-After``), hung requests, the longest gateway-queue
-wait of a batch request (``x-speedgate-queue-wait-s``) and promotions. ``--plot PATH``: TTFT
-by band over time, off vs on. ``--json``: one JSON object.
+Reported per phase: interactive TTFT p50/p95/max (s), batch TTFT p95/max; the pool's output
+tokens/s as the engines count them (``vllm:generation_tokens_total``, tokens of requests later
+cut off included) and as clients received them in complete answers (goodput); served output
+tokens per batch key and Jain's fairness index over the four equal-weight batch keys
+((Σx)² / (n Σx²); 1 = equal; Jain, Chiu, Hawe 1984), the flooding key's share, and per key its
+requests, refusals and mean queue wait; refusals at arrival (count, answer time p50/p95/max in
+ms, how many had ``Retry-After``), requests that timed out in the queue or were cut off by their
+deadline mid-answer; the engines' mean running and waiting sequences; hung requests; the
+longest gateway-queue wait of a batch request (``x-speedgate-queue-wait-s``). ``--plot PATH``:
+TTFT by band over time, off vs on. ``--json``: one JSON object (without the raw samples).
 
     python -m loadtests.bench_flow_control --plot loadtests/results/bench_flow_control.png
     python -m loadtests.bench_flow_control --small --json
@@ -68,7 +72,7 @@ INTERACTIVE_KEYS = ("chat-a", "chat-b")
 class Params:
     replicas: int = 2
     max_num_seqs: int = 16
-    time_scale: float = 1.0
+    time_scale: float = 3.0
     interactive_users: int = 1
     interactive_tokens: int = 32
     batch_sessions: int = 8
@@ -79,8 +83,8 @@ class Params:
     reserved_share: float = 0.0625
     max_wait_s: float = 60.0
     idle_s: float = 20.0
-    warmup_s: float = 10.0
-    duration_s: float = 60.0
+    warmup_s: float = 15.0
+    duration_s: float = 90.0
     drain_s: float = 60.0
     seed: int = 0
 
@@ -96,6 +100,7 @@ class Sample:
     status: int
     ttft: float | None = None
     tokens: int = 0
+    prompt_tokens: int = 0
     queue_wait: float | None = None
     retry_after: str | None = None
     code: str | None = None  # the error code of a refusal
@@ -150,6 +155,7 @@ async def stream_turn(http: aiohttp.ClientSession, url: str, key: str, doc: dict
             ev = orjson.loads(line[6:])
             if ev.get("usage"):
                 s.tokens = ev["usage"].get("completion_tokens") or 0
+                s.prompt_tokens = ev["usage"].get("prompt_tokens") or 0
             for ch in ev.get("choices") or ():
                 piece = (ch.get("delta") or {}).get("content")
                 if piece:
@@ -302,6 +308,8 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
     batch = [s.ttft for s in ok if s.band == "batch" and s.ttft is not None]
     finished = [s for s in ph.samples if s.status == 200 and lo <= s.end < hi]
     served = {k: sum(s.tokens for s in finished if s.key == k) for k in BATCH_KEYS}
+    served_all = {k: sum(s.tokens + s.prompt_tokens for s in finished if s.key == k)
+                  for k in BATCH_KEYS}
     shed = [s for s in inside if s.code in ("queue_wait_too_long", "queue_full")
             or (s.code == "resource_unavailable" and s.end - s.start < 1.0)]
     timed_out = [s for s in inside if s.code == "queue_timeout"
@@ -311,6 +319,16 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
     gen = [(t, g) for t, _, _, g in ph.engine if lo <= t <= hi + 0.5]
     pool_tps = (gen[-1][1] - gen[0][1]) / (gen[-1][0] - gen[0][0]) if len(gen) > 1 else None
     waits = [s.queue_wait for s in inside if s.band == "batch" and s.queue_wait is not None]
+
+    shed_ms = [(s.end - s.start) * 1e3 for s in shed]
+
+    def per_key(key: str) -> dict[str, Any]:
+        mine = [s for s in inside if s.key == key]
+        w = [s.queue_wait or 0.0 for s in mine if s.status == 200]
+        return {"requests": len(mine), "served_tokens": served[key],
+                "served_prompt_and_output_tokens": served_all[key],
+                "shed": sum(1 for s in mine if s in shed),
+                "queue_wait_mean_s": round(sum(w) / len(w), 3) if w else None}
 
     def r(x: float | None, n: int = 3) -> float | None:
         return None if x is None or x != x else round(x, n)
@@ -328,10 +346,13 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
         "client_output_tokens_per_s": r(total / duration_s, 1),
         "served_tokens": served,
         "jain_batch": r(jain(list(served.values()))),
+        "jain_batch_prompt_and_output": r(jain(list(served_all.values()))),
         "flood_share": r(served["flood"] / sum(served.values())) if sum(served.values())
         else None,
         "shed": len(shed),
-        "shed_slowest_ms": r(max((s.end - s.start) * 1e3 for s in shed), 1) if shed else None,
+        "shed_p50_ms": r(pct(shed_ms, 0.5), 1) if shed else None,
+        "shed_p95_ms": r(pct(shed_ms, 0.95), 1) if shed else None,
+        "shed_slowest_ms": r(max(shed_ms), 1) if shed else None,
         "shed_with_retry_after": sum(1 for s in shed if s.retry_after),
         "timed_out_in_queue": len(timed_out),
         "cut_by_deadline": len(cut),
@@ -339,6 +360,7 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
         "engine_waiting_mean": r(sum(y for _, y in eng) / len(eng), 1) if eng else None,
         "hung": ph.hung,
         "batch_queue_wait_max_s": r(max(waits)) if waits else None,
+        "keys": {k: per_key(k) for k in BATCH_KEYS},
         "errors": dict(ph.errors),
         "gateway": ph.metrics,
     }
@@ -421,6 +443,8 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
              if on["interactive_ttft_p95_s"] and idle["interactive_ttft_p95_s"] else None)
     tput = (on["output_tokens_per_s"] / off["output_tokens_per_s"]
             if on["output_tokens_per_s"] and off["output_tokens_per_s"] else None)
+    good = (on["client_output_tokens_per_s"] / off["client_output_tokens_per_s"]
+            if on["client_output_tokens_per_s"] and off["client_output_tokens_per_s"] else None)
     p = res["params"]
     fair_share = 1 / len(BATCH_KEYS)
     return {
@@ -428,10 +452,12 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
         "interactive_p95_ok": ratio is not None and ratio <= 1.5,
         "throughput_on_vs_off": round(tput, 3) if tput else None,
         "throughput_ok": tput is not None and tput >= 0.95,
+        "goodput_on_vs_off": round(good, 3) if good else None,
         "jain_on": on["jain_batch"], "jain_ok": (on["jain_batch"] or 0) >= 0.95,
         "flood_held_to_share": on["flood_share"] is not None
         and on["flood_share"] <= fair_share * 1.1,
         "shed_fast_ok": on["shed_slowest_ms"] is None or on["shed_slowest_ms"] <= 50,
+        "shed_p95_ok": on["shed_p95_ms"] is None or on["shed_p95_ms"] <= 50,
         "shed_retry_after_ok": on["shed_with_retry_after"] == on["shed"],
         "no_hung": on["hung"] == 0 and off["hung"] == 0,
         "no_starvation": on["batch_queue_wait_max_s"] is None
@@ -441,16 +467,17 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
 
 def print_table(res: dict[str, Any]) -> None:
     cols = ("requests", "interactive_ttft_p50_s", "interactive_ttft_p95_s",
-            "interactive_ttft_max_s", "batch_ttft_p95_s", "output_tokens_per_s", "jain_batch",
-            "flood_share", "shed", "shed_slowest_ms", "timed_out_in_queue", "cut_by_deadline",
+            "interactive_ttft_max_s", "batch_ttft_p95_s", "output_tokens_per_s",
+            "client_output_tokens_per_s", "jain_batch", "flood_share", "shed", "shed_p50_ms",
+            "shed_p95_ms", "shed_slowest_ms", "timed_out_in_queue", "cut_by_deadline",
             "engine_running_mean", "engine_waiting_mean", "hung", "batch_queue_wait_max_s")
     print(f"{'phase':<6}" + "".join(f"{c[:16]:>17}" for c in cols))
     for phase in ("idle", "off", "on"):
         c = res[phase]
         print(f"{phase:<6}" + "".join(f"{c[k]!s:>17}" for k in cols))
     for phase in ("off", "on"):
-        print(f"{phase}: served tokens {res[phase]['served_tokens']} errors "
-              f"{res[phase]['errors']} gateway {res[phase]['gateway']}")
+        print(f"{phase}: per key {res[phase]['keys']} errors {res[phase]['errors']} "
+              f"gateway {res[phase]['gateway']}")
     print("verdict:", json.dumps(res["verdict"]))
 
 

@@ -87,7 +87,8 @@ class Admission:
 class Slot:
     """A request's place on a pool, held until ``FlowControl.release``. ``waited_s``: time it
     spent in the gateway queue (0 when it went straight through); ``band``: the band it was
-    dispatched from (after any promotion)."""
+    dispatched from (after any promotion); ``charged``: it was served by that band's fair
+    queue (not promoted), whose charge ``release`` corrects to the actual tokens."""
 
     pool: _PoolFlow
     admission: Admission
@@ -96,6 +97,7 @@ class Slot:
     waited_s: float = 0.0
     started: float = 0.0
     released: bool = False
+    charged: bool = False
 
     def remaining_s(self, timeout_s: float | None) -> float | None:
         """A request timeout (s) less the time spent queued (never below 1 ms)."""
@@ -193,7 +195,9 @@ class _PoolFlow:
                 continue
             self.drain.dispatched(now, w.cost, bool(len(self.queue)))
             self.key_event(now, w.key, -1, w.cost)
-            fut.set_result(self.take(adm, w.band, True, now - w.arrived))
+            slot = self.take(adm, w.band, True, now - w.arrived)
+            slot.charged = not w.promoted
+            fut.set_result(slot)
             name = self.owner.band_names[w.band]
             self.dispatched[name] += 1
             self.owner.observe_wait(self.pool, name, now - w.arrived)
@@ -322,7 +326,7 @@ class FlowControl:
         pf.engine.finished += 1
         pf.served(slot, self.clock())
         adm = slot.admission
-        if slot.queued and actual_tokens is not None:
+        if slot.charged and actual_tokens is not None:
             pf.queue.bands[slot.band].fair.settle(adm.key, adm.session, actual_tokens - adm.cost)
         if len(pf.queue):
             pf.dispatch(self.clock())
