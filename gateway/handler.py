@@ -4,9 +4,9 @@
 ``/v1/completions``: no response models, no per-chunk validation. Each step calls a small
 module: ``body`` (validate, rewrite owned fields), ``gate`` (key, entitlements, rate limits),
 ``admission`` (priority band, session budget, the queue of a saturated pool), ``tiers`` and
-``plan`` (tier and fallback
-chain), ``failover`` (attempts on replicas and pools, with ``attempt`` for one try with staged
-timeouts), ``relay`` (SSE and JSON relay), ``accounting`` (usage, cost, metrics, trace, logs).
+``plan`` (tier and fallback chain), ``failover`` (attempts on replicas and pools, with
+``attempt`` for one try with staged timeouts), ``relay`` (SSE and JSON relay), ``accounting``
+(usage, cost, metrics, trace, logs).
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ interactive band). Each loaded phase: ``--warmup-s`` unmeasured, then ``--durati
 measured (requests started in the window; tokens of requests finished in it), then new
 requests stop and the ones in flight get ``--drain-s`` to finish (the rest count as hung).
 
-Reported per phase: interactive TTFT p50/p95/max (s), batch TTFT p95/max; the pool's output
+Reported per phase: interactive TTFT p50/p95/max (s) at the client and as the gateway timed it
+upstream (``x-speedgate-ttft-s``: request sent to the engine → first token), batch TTFT
+p95/max; the pool's output
 tokens/s as the engines count them (``vllm:generation_tokens_total``, tokens of requests later
 cut off included) and as clients received them in complete answers (goodput); served output
 tokens per batch key and Jain's fairness index over the four equal-weight batch keys
@@ -99,6 +101,7 @@ class Sample:
     end: float
     status: int
     ttft: float | None = None
+    upstream_ttft: float | None = None  # x-speedgate-ttft-s: the gateway's send → first token
     tokens: int = 0
     prompt_tokens: int = 0
     queue_wait: float | None = None
@@ -142,6 +145,8 @@ async def stream_turn(http: aiohttp.ClientSession, url: str, key: str, doc: dict
         s.retry_after = r.headers.get("retry-after")
         qw = r.headers.get("x-speedgate-queue-wait-s")
         s.queue_wait = float(qw) if qw else None
+        ut = r.headers.get("x-speedgate-ttft-s")
+        s.upstream_ttft = float(ut) if ut else None
         if r.status != 200:
             try:
                 s.code = orjson.loads(await r.read())["error"]["code"]
@@ -305,6 +310,8 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
     inside = [s for s in ph.samples if lo <= s.start < hi]
     ok = [s for s in inside if s.status == 200 and s.ttft is not None]
     inter = [s.ttft for s in ok if s.band == "interactive" and s.ttft is not None]
+    inter_up = [s.upstream_ttft for s in ok
+                if s.band == "interactive" and s.upstream_ttft is not None]
     batch = [s.ttft for s in ok if s.band == "batch" and s.ttft is not None]
     finished = [s for s in ph.samples if s.status == 200 and lo <= s.end < hi]
     served = {k: sum(s.tokens for s in finished if s.key == k) for k in BATCH_KEYS}
@@ -339,6 +346,8 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
         "interactive_ttft_p50_s": r(pct(inter, 0.5), 4),
         "interactive_ttft_p95_s": r(pct(inter, 0.95), 4),
         "interactive_ttft_max_s": r(max(inter), 4) if inter else None,
+        "interactive_engine_ttft_p50_s": r(pct(inter_up, 0.5), 4),
+        "interactive_engine_ttft_p95_s": r(pct(inter_up, 0.95), 4),
         "interactive_requests": len(inter),
         "batch_ttft_p95_s": r(pct(batch, 0.95)),
         "batch_ttft_max_s": r(max(batch)) if batch else None,
@@ -467,7 +476,8 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
 
 def print_table(res: dict[str, Any]) -> None:
     cols = ("requests", "interactive_ttft_p50_s", "interactive_ttft_p95_s",
-            "interactive_ttft_max_s", "batch_ttft_p95_s", "output_tokens_per_s",
+            "interactive_ttft_max_s", "interactive_engine_ttft_p95_s", "batch_ttft_p95_s",
+            "output_tokens_per_s",
             "client_output_tokens_per_s", "jain_batch", "flood_share", "shed", "shed_p50_ms",
             "shed_p95_ms", "shed_slowest_ms", "timed_out_in_queue", "cut_by_deadline",
             "engine_running_mean", "engine_waiting_mean", "hung", "batch_queue_wait_max_s")
