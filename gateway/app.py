@@ -25,13 +25,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.admit.audit import client_addr
-from gateway.admit.auth import PermissionDenied
+from gateway.admit.auth import PermissionDenied, load_keys
+from gateway.admit.budget import SessionBudgets
+from gateway.admit.budget_redis import RedisLedger
 from gateway.admit.connections import GUARD_KEY, ConnectionGuard
+from gateway.admit.control import AdmissionControl
+from gateway.admit.flow.control import FlowControl
+from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
 from gateway.asgi import Scope, send_error
 from gateway.common.redis_conn import RedisConnection
-from gateway.config import GatewayConfig, load_config
+from gateway.config import ConfigError, GatewayConfig, check_key_bands, load_config
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.routes import install_console
 from gateway.console.state import ConsoleSources
@@ -155,6 +160,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     # slow/idle client limits, read by each connection's protocol from the lifespan state
     guard = ConnectionGuard(config.server)
     metrics.registry.register(guard.collector())
+    admission = _admission(config, pools)  # bands, pool queues, session budgets (issue 17)
+    register_flow_metrics(admission.flow, metrics.registry)
+    metrics.registry.register(admission.budgets.collector())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -165,7 +173,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             if redis is not None
             else MemoryUsageStore()
         )
-        state = GatewayState(config, models, pools, upstream, health, metrics, telemetry, usage)
+        state = GatewayState(
+            config, models, pools, upstream, health, metrics, telemetry, usage, admission
+        )
         state.auto = auto
         state.console = console
         holder["state"] = state
@@ -206,6 +216,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             await gate.close()
             if redis is not None:
                 await redis.close()
+            await admission.close()
 
     app = FastAPI(
         title="speedgate",
@@ -307,7 +318,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         caller = None
         try:
             caller = gate.authenticate(request.scope)
-            if caller is not None and not caller.config.admin and key_id != caller.id:
+            if caller is not None and not caller.config.admin and (
+                key_id != caller.id or session_id is not None
+            ):
                 raise PermissionDenied(
                     "Reading usage of other keys or of sessions needs an admin API key.",
                     code="admin_required",
@@ -322,9 +335,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
                              key_id=caller.id, target_key_id=key_id,
                              target_session=session_id is not None,
                              client=client_addr(request.scope))
-        if (session_id is None) == (key_id is None):
-            err = GatewayError("give exactly one of session_id or key_id", status=400,
-                               type="invalid_request_error", param="session_id")
+        if session_id is None and key_id is None:
+            err = GatewayError("give session_id (and, for its budget, key_id) or key_id",
+                               status=400, type="invalid_request_error", param="session_id")
             return Response(err.to_bytes(), status_code=400, media_type="application/json")
         store = holder["state"].usage
         try:
@@ -334,7 +347,15 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             err = GatewayError("usage store unavailable", status=503, code="state_unavailable")
             return Response(err.to_bytes(), status_code=503, media_type="application/json",
                             headers={"retry-after": "5"})
-        scope = {"session_id": session_id} if session_id is not None else {"key_id": key_id}
+        scope: dict[str, Any] = (
+            {"session_id": session_id} if session_id is not None else {"key_id": key_id}
+        )
+        if session_id is not None:  # its budget under key_id, else under the caller's key
+            owner = key_id if key_id is not None else (caller.id if caller is not None else None)
+            try:
+                scope["budget"] = await admission.budgets.read(owner, session_id)
+            except Exception:  # the budget store is down: the totals still answer
+                scope["budget"] = None
         return _json(200, {"object": "usage", **scope, **totals.to_dict()})
 
     @app.exception_handler(StarletteHTTPException)
@@ -364,6 +385,23 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     app.router.redirect_slashes = False  # no redirect to a client-supplied Host, ever
     app.add_middleware(RequestIdMiddleware)
     return SpeedgateApp(app, hot, config.server.max_header_bytes)
+
+
+def _admission(config: GatewayConfig, pools: PoolRegistry) -> AdmissionControl:
+    """Flow control and session budgets (ledgers in Redis with ``state.redis_url``). Raises
+    ``ConfigError`` when a key of ``auth.keys_file`` names an unknown band."""
+    try:
+        check_key_bands(config.flow_control, load_keys(config.auth), "auth keys")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    b, st = config.budgets, config.state
+    ledger = (
+        RedisLedger.from_url(st.redis_url, st.redis_timeout_s, prefix=b.redis_prefix,
+                             reservation_ttl_s=b.reservation_ttl_s,
+                             session_ttl_s=b.session_ttl_s)
+        if st.redis_url else None
+    )
+    return AdmissionControl(FlowControl(config, pools), SessionBudgets(config, ledger))
 
 
 def create_app_from_env() -> SpeedgateApp:

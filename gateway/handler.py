@@ -2,17 +2,21 @@
 
 ``CompletionsEndpoint`` is a raw ASGI app serving ``/v1/chat/completions`` and
 ``/v1/completions``: no response models, no per-chunk validation. Each step calls a small
-module: ``body`` (validate, rewrite owned fields), ``tiers`` and ``plan`` (tier and fallback
-chain), ``failover`` (attempts on replicas and pools, with ``attempt`` for one try with staged
-timeouts), ``relay`` (SSE and JSON relay), ``accounting`` (usage, cost, metrics, trace, logs).
+module: ``body`` (validate, rewrite owned fields), ``gate`` (key, entitlements, rate limits),
+``admission`` (priority band, session budget, the queue of a saturated pool), ``tiers`` and
+``plan`` (tier and fallback chain), ``failover`` (attempts on replicas and pools, with
+``attempt`` for one try with staged timeouts), ``relay`` (SSE and JSON relay), ``accounting``
+(usage, cost, metrics, trace, logs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import Any, Literal
 
+from gateway.admit.control import Ticket
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.params import check_sampling_params
@@ -75,6 +79,7 @@ class CompletionsEndpoint:
         raw_size = 0
         gate = self.gate
         reservation: Reservation | None = None
+        ticket: Ticket | None = None
         limit_headers: list[tuple[bytes, bytes]] = []
         try:
             # 1. admit (the key before reading the body; limits once the body is known)
@@ -91,12 +96,17 @@ class CompletionsEndpoint:
             allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
             if gate is not None:  # limits before any routing work (a refused request costs ~0)
                 reservation, limit_headers = await gate.reserve(key, body, self.kind, raw_size)
+            # priority band and session budget (past its soft share auto takes the cheaper tier)
+            ticket = await state.admission.enter(key, treq, allowed, scope, body, raw_size, rec)
+            limit_headers = limit_headers + ticket.headers()
             # routing keys once (sessions scoped to the API key); auto weighs each pool's live
             # estimate for this request
             route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
-            choice = await choose_auto(state.auto, treq, route, body.doc, allowed)
+            choice = await choose_auto(state.auto, treq, route, body.doc, allowed,
+                                       ticket.over_soft_budget)
             plan = plan_request(treq, state.pools, allowed, choice)
             plan.route, rec.auto_choice = route, plan.auto
+            plan.engine_priority = ticket.engine_priority
             timeouts = client_timeouts(
                 header(scope, b"x-speedgate-timeout"),
                 header(scope, b"x-stainless-timeout"),
@@ -104,6 +114,9 @@ class CompletionsEndpoint:
             )
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
             async with DisconnectWatch(receive):
+                # a saturated pool: wait in its queue (band order, fair share) or be refused
+                left_s = await state.admission.wait(ticket, plan, timeouts.total_s, rec)
+                timeouts = replace(timeouts, total_s=left_s)
                 # 3. attempt
                 opened = await open_with_failover(
                     state, plan, body, rec, trace, self.path, timeouts
@@ -148,8 +161,11 @@ class CompletionsEndpoint:
                     response_doc=response_doc,
                 )
             finally:
-                if reservation is not None and gate is not None:
-                    await gate.release(reservation, rec)
+                try:
+                    if reservation is not None and gate is not None:
+                        await gate.release(reservation, rec)
+                finally:  # the pool slot back, the session's budget settled at its cost
+                    await state.admission.leave(ticket, rec)
 
     async def _cut_by_shutdown(self, send: Any, rec: RequestRecord) -> None:
         """Documented behaviour, not a failure: past ``server.graceful_shutdown_s`` uvicorn
@@ -186,7 +202,7 @@ class CompletionsEndpoint:
         rewriter = ChunkRewriter(
             pool.config.served_model_name,
             plan.request.model_name,
-            TIER_TO_SERVICE_TIER[pool.tier],
+            "flex" if rec.flex and pool.tier == "standard" else TIER_TO_SERVICE_TIER[pool.tier],
         )
         headers = self._headers(rec) + limit_headers
         replica = opened.attempt.replica
@@ -194,7 +210,7 @@ class CompletionsEndpoint:
         if not body.stream:
             assert opened.doc is not None
             rec.set_usage(opened.doc.get("usage"))
-            headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s)
+            headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s, rec.flex)
             payload = rewriter.body(opened.doc)
             rec.response_started, rec.status, rec.outcome = True, 200, "ok"
             await send_response(send, 200, payload, headers)
@@ -240,6 +256,8 @@ class CompletionsEndpoint:
             out.append((b"x-speedgate-fallback", rec.fallback.encode()))
         if rec.auto_reason:
             out.append((b"x-speedgate-auto-reason", rec.auto_reason.encode()))
+        if rec.queue_wait_s is not None:  # waited in the gateway queue of a saturated pool
+            out.append((b"x-speedgate-queue-wait-s", f"{rec.queue_wait_s:.4f}".encode()))
         return out
 
 
@@ -251,17 +269,18 @@ def session_id_of(scope: Scope) -> str | None:
 
 
 def usage_headers(
-    usage: Usage | None, prices: Prices, elapsed_s: float
+    usage: Usage | None, prices: Prices, elapsed_s: float, flex: bool = False
 ) -> list[tuple[bytes, bytes]]:
-    """Per-response accounting headers of a JSON response: tokens, cost (USD) and output
-    tokens per second over the upstream time ``elapsed_s``. None without usage."""
+    """Per-response accounting headers of a JSON response: tokens, cost (USD; ``flex``: at
+    the flex share) and output tokens per second over the upstream time ``elapsed_s``. None
+    without usage."""
     if usage is None:
         return []
     out = [
         (b"x-speedgate-prompt-tokens", str(usage.prompt).encode()),
         (b"x-speedgate-cached-tokens", str(usage.cached).encode()),
         (b"x-speedgate-completion-tokens", str(usage.completion).encode()),
-        (b"x-speedgate-cost-usd", f"{cost_usd(usage, prices):.8f}".encode()),
+        (b"x-speedgate-cost-usd", f"{cost_usd(usage, prices, flex):.8f}".encode()),
     ]
     if elapsed_s > 0:
         rate = f"{usage.completion / elapsed_s:.1f}".encode()

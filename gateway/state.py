@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.admit.control import AdmissionControl
 from gateway.config import GatewayConfig
 from gateway.plan.tiers import ModelIndex
 from gateway.routing.pools import PoolRegistry
@@ -22,8 +23,9 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class GatewayState:
     """Everything a request needs: config, name index, pools, upstream client, health probes,
-    metrics, traces and the usage totals store; ``auto``: the auto tier's live estimates;
-    ``console``: the console's live windows (None when the console is disabled)."""
+    metrics, traces and the usage totals store; ``admission``: priority bands, pool queues and
+    session budgets; ``auto``: the auto tier's live estimates; ``console``: the console's live
+    windows (None when the console is disabled)."""
 
     config: GatewayConfig
     models: ModelIndex
@@ -33,5 +35,6 @@ class GatewayState:
     metrics: GatewayMetrics
     telemetry: Telemetry
     usage: UsageStore
+    admission: AdmissionControl
     auto: AutoTier | None = None
     console: ConsoleRecorder | None = None

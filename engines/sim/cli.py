@@ -1,10 +1,10 @@
 """Command line: ``python -m engines.sim [flags]`` / ``speedgate-sim [flags]``.
 
 Flag names follow ``vllm serve`` where vLLM has the setting (``--max-model-len``,
-``--max-num-seqs``, ``--max-num-batched-tokens``, ``--block-size``, ``--num-gpu-blocks-override``
-as ``--num-gpu-blocks``, ``--served-model-name``, ``--num-speculative-tokens``,
-``--enable-prompt-tokens-details``). Defaults and sources: :mod:`engines.sim.config`,
-:mod:`engines.sim.perf`.
+``--max-num-seqs``, ``--max-num-batched-tokens``, ``--scheduling-policy``, ``--block-size``,
+``--num-gpu-blocks-override`` as ``--num-gpu-blocks``, ``--served-model-name``,
+``--num-speculative-tokens``, ``--enable-prompt-tokens-details``). Defaults and sources:
+:mod:`engines.sim.config`, :mod:`engines.sim.perf`.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="running sequences per step (batch limit, in sequences)")
     a("--max-num-batched-tokens", type=int, default=c.max_num_batched_tokens, metavar="TOKENS",
       help="tokens per step (chunked-prefill budget)")
+    a("--scheduling-policy", choices=["fcfs", "priority"], default=c.scheduling_policy,
+      help="waiting queue order: fcfs, or by the request's priority field (lower first)")
     a("--block-size", type=int, default=c.block_size, metavar="TOKENS",
       help="tokens per KV-cache block")
     a("--num-gpu-blocks", type=int, default=c.num_gpu_blocks, metavar="BLOCKS",
@@ -129,6 +131,7 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
         block_size=ns.block_size, num_gpu_blocks=ns.num_gpu_blocks,
         output_tokens=ns.output_tokens, time_scale=ns.time_scale, seed=ns.seed,
+        scheduling_policy=ns.scheduling_policy,
         enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
         legacy_error_shape=ns.legacy_error_shape, slow_start_s=ns.slow_start_s,
         perf=perf, faults=faults,

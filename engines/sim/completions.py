@@ -99,11 +99,16 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
         except RequestError as e:
             return error_response(state, faults, e.status, e.message, param=e.param,
                                   type_=e.type_)
+        try:
+            priority = _priority(state, body)
+        except RequestError as e:
+            return error_response(state, faults, e.status, e.message, param=e.param,
+                                  type_=e.type_)
         deliveries: AsyncIterator[list[tuple[int, int, bool]]]
         if faults.chunk_interval_s is not None:
             deliveries = _clock(plans, faults.chunk_interval_s)
         else:
-            job = Job()
+            job = Job(priority)
             for pl in plans:
                 pr = prompts[pl.index // (len(plans) // len(prompts))]
                 job.add(pl.index, pr.num_tokens, pr.block_hashes, pl.tokens)
@@ -130,6 +135,22 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     finally:
         if job is not None:
             state.engine.abort(job)
+
+
+def _priority(state: SimState, body: dict[str, Any]) -> int:
+    """The request's ``priority`` (vLLM's extra field, default 0; lower runs earlier). Like
+    vLLM (``Processor.process_inputs``), a non-zero priority without ``--scheduling-policy
+    priority`` is refused (400)."""
+    priority = body.get("priority", 0)
+    if priority is None:
+        priority = 0
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise RequestError(400, "priority must be an integer", "priority")
+    if priority != 0 and state.config.scheduling_policy != "priority":
+        raise RequestError(
+            400, f"Got priority {priority} but Priority scheduling is not enabled.", "priority"
+        )
+    return priority
 
 
 async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: bool

@@ -7,6 +7,7 @@ defaults here describe the reference deployment (Llama-3-70B, TP4 on H100-class 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from engines.sim.faults import NO_FAULTS, Faults
 from engines.sim.perf import PerfModel
@@ -26,6 +27,9 @@ class SimConfig:
     - ``output_tokens``: natural completion length when the request sets no ``max_tokens``
       (finish_reason "stop"); with a lower ``max_tokens`` the completion is cut ("length").
     - ``time_scale``: multiplies every model delay (0: no delay). Fault delays are not scaled.
+    - ``scheduling_policy``: vLLM's ``--scheduling-policy``: ``fcfs`` (FIFO waiting queue; a
+      non-zero request ``priority`` is a 400, as in vLLM) or ``priority`` (waiting queue by
+      ``priority``, lower first, then arrival).
     """
 
     host: str = "127.0.0.1"
@@ -40,6 +44,7 @@ class SimConfig:
     output_tokens: int = 64
     time_scale: float = 1.0
     seed: int = 0
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     enable_prompt_tokens_details: bool = True
     legacy_error_shape: bool = False
     slow_start_s: float = 0.0

@@ -2,9 +2,12 @@
 
 Faithful to vLLM's V1 scheduler in spirit:
 
-- at most ``max_num_seqs`` sequences run; the rest wait in a FIFO queue
+- at most ``max_num_seqs`` sequences run; the rest wait in a queue
   (``vllm:num_requests_waiting``); a waiting sequence is admitted when a slot and its KV blocks
-  are free (the head of the queue blocks the rest, no reordering);
+  are free (the head of the queue blocks the rest, no reordering). The queue is FIFO under
+  ``scheduling_policy="fcfs"``; under ``"priority"`` it is ordered by (request ``priority``,
+  arrival), lower first, as vLLM V1's priority request queue (``vllm/v1/core/sched/
+  request_queue.py``); like vLLM, a running sequence is not preempted for a batch slot;
 - each step processes one token per decoding sequence plus up to ``max_num_batched_tokens``
   of uncached prompt tokens (chunked prefill, oldest first); a sequence gets its first token in
   the step that finishes its prefill, so TTFT = queue wait + prefill of its uncached tokens (+
@@ -23,9 +26,13 @@ so a slow client never slows the engine (tokens coalesce, as in vLLM's output pr
 from __future__ import annotations
 
 import asyncio
+import bisect
 import random
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Literal
 
 from engines.sim.kvcache import Allocation, PrefixCache
 from engines.sim.metrics import SimMetrics
@@ -46,17 +53,20 @@ class Sequence:
     cached_tokens: int = 0
     alloc: Allocation | None = None
     done: bool = False
+    order: tuple[int, int] = field(default=(0, 0))  # (priority, arrival) in the waiting queue
 
 
 class Job:
-    """One HTTP request's handle: its sequences and the outbox the engine fills."""
+    """One HTTP request's handle: its sequences, its ``priority`` (vLLM's request field; lower
+    runs earlier under priority scheduling) and the outbox the engine fills."""
 
-    __slots__ = ("event", "outbox", "seqs")
+    __slots__ = ("event", "outbox", "priority", "seqs")
 
-    def __init__(self) -> None:
+    def __init__(self, priority: int = 0) -> None:
         self.seqs: list[Sequence] = []
         self.outbox: list[tuple[int, int, bool]] = []
         self.event = asyncio.Event()
+        self.priority = priority
 
     def add(self, index: int, prompt_tokens: int, hashes: list[int], output_tokens: int) -> None:
         """Add the sequence of choice ``index``."""
@@ -74,6 +84,47 @@ class Job:
     def cached_tokens(self) -> int:
         """Prompt tokens served from the prefix cache (first choice; n>1 shares the prompt)."""
         return self.seqs[0].cached_tokens if self.seqs else 0
+
+
+class WaitingQueue:
+    """The waiting sequences: FIFO (``fcfs``) or by (priority, arrival) (``priority``)."""
+
+    def __init__(self, policy: Literal["fcfs", "priority"] = "fcfs") -> None:
+        self.policy = policy
+        self._items: deque[Sequence] | list[Sequence] = deque() if policy == "fcfs" else []
+        self._arrivals = count()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._items)
+
+    def add(self, s: Sequence) -> None:
+        """Queue ``s`` (behind everything under fcfs; behind its priority's earlier arrivals
+        under priority)."""
+        s.order = (s.job.priority, next(self._arrivals))
+        if isinstance(self._items, deque):
+            self._items.append(s)
+        else:
+            bisect.insort(self._items, s, key=lambda x: x.order)
+
+    def head(self) -> Sequence:
+        """The next sequence to admit."""
+        return self._items[0]
+
+    def pop_head(self) -> Sequence:
+        """Take the head."""
+        if isinstance(self._items, deque):
+            return self._items.popleft()
+        return self._items.pop(0)
+
+    def remove(self, s: Sequence) -> None:
+        """Take ``s`` out (aborted); ValueError when it is not waiting."""
+        self._items.remove(s)
 
 
 @dataclass(slots=True)
@@ -97,6 +148,7 @@ class Engine:
         max_num_batched_tokens: int = 8192,
         time_scale: float = 1.0,
         seed: int = 0,
+        scheduling_policy: Literal["fcfs", "priority"] = "fcfs",
     ) -> None:
         self.perf = perf
         self.cache = cache
@@ -105,7 +157,8 @@ class Engine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.time_scale = time_scale
         self.rng = random.Random(seed)
-        self.waiting: deque[Sequence] = deque()
+        self.scheduling_policy = scheduling_policy
+        self.waiting = WaitingQueue(scheduling_policy)
         self.running: list[Sequence] = []
         self.stats = EngineStats()
         self._wake = asyncio.Event()
@@ -131,7 +184,8 @@ class Engine:
         for s in job.seqs:
             if -(-(s.prompt_tokens + s.output_tokens) // bs) > self.cache.num_blocks:
                 raise ValueError("request needs more KV-cache blocks than the replica has")
-        self.waiting.extend(job.seqs)
+        for s in job.seqs:
+            self.waiting.add(s)
         self._wake.set()
 
     def abort(self, job: Job) -> None:
@@ -168,12 +222,12 @@ class Engine:
     def _admit(self) -> None:
         cache, bs, m = self.cache, self.cache.block_size, self.metrics
         while self.waiting and len(self.running) < self.max_num_seqs:
-            s = self.waiting[0]
+            s = self.waiting.head()
             total_blocks = -(-(s.prompt_tokens + s.output_tokens) // bs)
             alloc = cache.allocate(s.block_hashes, s.prompt_tokens, total_blocks)
             if alloc is None:
                 return
-            self.waiting.popleft()
+            self.waiting.pop_head()
             s.alloc = alloc
             s.cached_tokens = alloc.cached_tokens(bs)
             s.prefill_left = s.prompt_tokens - s.cached_tokens

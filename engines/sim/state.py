@@ -54,6 +54,7 @@ class SimState:
             max_num_batched_tokens=config.max_num_batched_tokens,
             time_scale=config.time_scale,
             seed=config.seed,
+            scheduling_policy=config.scheduling_policy,
         )
         return cls(config, cache, metrics, engine, TextGen(config.seed), config.faults)
 

@@ -7,9 +7,9 @@ empty pools, bad URLs, unknown tiers and cyclic fallback chains fail at load wit
 ``ConfigError`` whose message names the field (pydantic's ``loc``).
 
 The schema is split by scope (``base``: tier names; ``pool``: an engine pool and a model;
-``server``: process-wide sections; ``telemetry``; ``console``; ``load``: the whole
-``GatewayConfig`` and ``load_config``); callers import every model from ``gateway.config``. No
-config model is defined outside this package.
+``server``: process-wide sections; ``telemetry``; ``console``; ``flow``: flow control and
+session budgets; ``load``: the whole ``GatewayConfig`` and ``load_config``); callers import every
+model from ``gateway.config``. No config model is defined outside this package.
 """
 
 from gateway.config.base import (
@@ -19,6 +19,12 @@ from gateway.config.base import (
 )
 from gateway.config.console import (
     ConsoleConfig,
+)
+from gateway.config.flow import (
+    BandConfig,
+    BudgetConfig,
+    FlowControlConfig,
+    check_key_bands,
 )
 from gateway.config.load import (
     ConfigError,
@@ -56,9 +62,12 @@ __all__ = [
     "ApiKeyConfig",
     "AuthConfig",
     "AutoConfig",
+    "BandConfig",
+    "BudgetConfig",
     "ConfigError",
     "ConsoleConfig",
     "DnsDiscoveryConfig",
+    "FlowControlConfig",
     "GatewayConfig",
     "HealthConfig",
     "KeyLimits",
@@ -77,5 +86,6 @@ __all__ = [
     "TierChoice",
     "Timeouts",
     "UpstreamConfig",
+    "check_key_bands",
     "load_config",
 ]

@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from gateway.config.console import ConsoleConfig
+from gateway.config.flow import BudgetConfig, FlowControlConfig, check_key_bands
 from gateway.config.pool import ModelConfig
 from gateway.config.server import (
     AuthConfig,
@@ -50,6 +51,8 @@ class GatewayConfig(BaseSettings):
     auth: AuthConfig = AuthConfig()
     rate_limits: RateLimitConfig = RateLimitConfig()
     console: ConsoleConfig = ConsoleConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
+    budgets: BudgetConfig = BudgetConfig()
     models: dict[str, ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -62,6 +65,7 @@ class GatewayConfig(BaseSettings):
                         f"models.{model_name}: name {name!r} already used by {names[name]!r}"
                     )
                 names[name] = model_name
+        check_key_bands(self.flow_control, self.auth.keys, "auth.keys")
         return self
 
     @classmethod

@@ -41,6 +41,13 @@ class Prices(_Strict):
     input_per_mtok_usd: float = Field(0.0, ge=0)
     cached_input_per_mtok_usd: float = Field(0.0, ge=0)
     output_per_mtok_usd: float = Field(0.0, ge=0)
+    flex_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="service_tier flex pays this share of every price (OpenAI prices flex at "
+        "Batch API rates: 50%)",
+    )
 
 
 class RetryConfig(_Strict):
@@ -148,7 +155,21 @@ class PoolConfig(_Strict):
     outlier: OutlierConfig = OutlierConfig()
     prices: Prices = Prices()
     max_inflight_per_replica: int = Field(
-        0, ge=0, description="Replicas at this many in-flight requests are skipped; 0 = no cap."
+        0,
+        ge=0,
+        description="Replicas at this many in-flight requests are skipped; 0 = no cap. With "
+        "flow control, a pool whose every slot is taken queues requests in the gateway.",
+    )
+    max_engine_waiting: int | None = Field(
+        None,
+        ge=0,
+        description="flow control: the pool is saturated while its replicas' scraped "
+        "vllm:num_requests_waiting exceeds this many per replica (None = not used)",
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="the engines' --scheduling-policy; with priority the gateway sends each "
+        "request's band as vLLM's `priority` field (0 = highest band; lower runs earlier)",
     )
     routing: RoutingConfig = RoutingConfig()
 

@@ -116,7 +116,15 @@ class ApiKeyConfig(_Strict):
 
     ``hash``: ``sha256:<64 hex>`` of the whole key string. ``models``: client-facing model
     names (configured models; aliases resolve to their model) or ``*``. ``tiers``: tiers the key
-    may be served on. ``admin``: may read any key's ``/v1/usage``."""
+    may be served on. ``admin``: may read any key's ``/v1/usage``.
+
+    Admission under load (``flow_control``): ``bands`` the priority bands the key may ask for
+    (None = all), ``default_band`` its band when a request names none (None = the flow control
+    default), ``weight`` its fair share within a band relative to other keys (tokens served in
+    proportion while both wait). Session budgets (``budgets``, USD): ``session_budget_usd`` the
+    budget of each of its sessions, ``max_session_budget_usd`` the cap of the
+    ``x-speedgate-session-budget-usd`` header (None: the header may not exceed
+    ``session_budget_usd``, or is uncapped when neither is set)."""
 
     id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@\-]+$")
     hash: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
@@ -124,6 +132,11 @@ class ApiKeyConfig(_Strict):
     tiers: list[Tier] = Field(default_factory=lambda: list(TIERS), min_length=1)
     limits: KeyLimits = KeyLimits()
     admin: bool = False
+    bands: list[str] | None = None
+    default_band: str | None = None
+    weight: float = Field(1.0, gt=0, le=1000)
+    session_budget_usd: float | None = Field(None, gt=0)
+    max_session_budget_usd: float | None = Field(None, gt=0)
 
 
 class AuthConfig(_Strict):

@@ -27,13 +27,16 @@ class Plan:
     reason: ``fast-faster``, ``fast-saturated``, ``prefix-on-standard``, ``explore``,
     ``no-fast-entitlement``... see ``gateway.plan.auto.decide``; ``tier-unavailable``), or None.
     ``route``: the request's routing keys, computed once (``gateway.routing.RouteRequest``);
-    ``auto``: the live-estimate decision behind an ``auto`` plan (None: the structural rules)."""
+    ``auto``: the live-estimate decision behind an ``auto`` plan (None: the structural rules).
+    ``engine_priority``: vLLM's ``priority`` field for pools whose engines run priority
+    scheduling (the request's band, 0 = highest; ``gateway.admit.control``)."""
 
     request: TierRequest
     chain: list[Pool] = field(default_factory=list)
     reason: str | None = None
     route: Any = None
     auto: AutoChoice | None = None
+    engine_priority: int = 0
 
     @property
     def asked_tier(self) -> str:

@@ -86,23 +86,32 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     return ParsedBody(raw, doc)
 
 
-def upstream_body(body: ParsedBody, served_model: str, *, add_usage: bool) -> bytes:
+def upstream_body(
+    body: ParsedBody, served_model: str, *, add_usage: bool, priority: int | None = None
+) -> bytes:
     """The bytes to send upstream: ``model`` set to ``served_model``; with ``add_usage`` (the
     gateway asks for usage the client did not), ``stream_options.include_usage`` set to true
-    and a ``continuous_usage_stats`` of the client's set to false. Everything else as
+    and a ``continuous_usage_stats`` of the client's set to false; with ``priority`` (engines
+    running vLLM's priority scheduling), vLLM's ``priority`` field set to it (the gateway owns
+    it there: a client's own value would let it jump the band order). Everything else as
     received."""
     raw = body.raw
     model = body.doc["model"]
+    if priority is not None and "priority" in body.doc:
+        return _reserialise(body, served_model, add_usage, priority)
     if model != served_model:
         spliced = _splice_model(raw, model, served_model)
         if spliced is None:
-            return _reserialise(body, served_model, add_usage)
+            return _reserialise(body, served_model, add_usage, priority)
         raw = spliced
     if add_usage:
         if "stream_options" in body.doc:
-            return _reserialise(body, served_model, add_usage)
+            return _reserialise(body, served_model, add_usage, priority)
         start = raw.index(b"{") + 1
         raw = raw[:start] + b'"stream_options":{"include_usage":true},' + raw[start:]
+    if priority is not None:
+        start = raw.index(b"{") + 1
+        raw = raw[:start] + b'"priority":' + str(int(priority)).encode() + b"," + raw[start:]
     return raw
 
 
@@ -117,9 +126,13 @@ def _splice_model(raw: bytes, old: str, new: str) -> bytes | None:
     return raw[:value_start] + orjson.dumps(new) + raw[value_start + len(old_token) :]
 
 
-def _reserialise(body: ParsedBody, served_model: str, add_usage: bool) -> bytes:
+def _reserialise(
+    body: ParsedBody, served_model: str, add_usage: bool, priority: int | None = None
+) -> bytes:
     doc = dict(body.doc)
     doc["model"] = served_model
+    if priority is not None:
+        doc["priority"] = int(priority)
     if add_usage:
         opts = dict(doc.get("stream_options") or {})
         opts["include_usage"] = True

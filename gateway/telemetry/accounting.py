@@ -52,7 +52,7 @@ async def account(
         if rec.served_tier and rec.usage is not None and rec.model:
             pool = state.pools.get(rec.model, rec.served_tier)
             if pool is not None:
-                rec.cost_usd = cost_usd(rec.usage, pool.config.prices)
+                rec.cost_usd = cost_usd(rec.usage, pool.config.prices, rec.flex)
     except (Exception, asyncio.CancelledError):
         log.exception("usage accounting failed for request %s", rec.request_id)
     state.metrics.record_request(rec)

@@ -28,6 +28,7 @@ class TierPrices(Protocol):
     input_per_mtok_usd: float
     cached_input_per_mtok_usd: float
     output_per_mtok_usd: float
+    flex_share: float
 
 
 def token_split(usage: Usage) -> tuple[int, int, int]:
@@ -37,8 +38,10 @@ def token_split(usage: Usage) -> tuple[int, int, int]:
     return prompt - cached, cached, max(0, usage.completion)
 
 
-def cost_usd(usage: Usage | None, prices: TierPrices) -> float:
-    """USD cost of ``usage`` at ``prices``; 0.0 when there is no usage."""
+def cost_usd(usage: Usage | None, prices: TierPrices, flex: bool = False) -> float:
+    """USD cost of ``usage`` at ``prices``; 0.0 when there is no usage. ``flex``: a
+    ``service_tier: flex`` request, billed at ``prices.flex_share`` of every price (OpenAI
+    prices flex at Batch API rates)."""
     if usage is None:
         return 0.0
     uncached, cached, output = token_split(usage)
@@ -47,4 +50,6 @@ def cost_usd(usage: Usage | None, prices: TierPrices) -> float:
         + cached * prices.cached_input_per_mtok_usd
         + output * prices.output_per_mtok_usd
     )
+    if flex:
+        micro *= prices.flex_share
     return round(micro / 1e6, USD_DECIMALS)

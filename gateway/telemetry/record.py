@@ -43,6 +43,10 @@ class RequestRecord:
     itl: GapTimer | None = None  # inter-token gaps of the relayed stream
     trace_id: str | None = None  # hex W3C trace id of the request span
     auto_choice: Any = None  # gateway.plan.auto.service.AutoChoice of an auto request (issue 10)
+    # Admission under load (issue 17): priority band, OpenAI flex semantics, gateway queue wait
+    band: str | None = None
+    flex: bool = False
+    queue_wait_s: float | None = None  # None: the request did not wait in the gateway queue
 
     def set_usage(self, usage: Any) -> None:
         """Record an OpenAI ``usage`` object (ignored when absent or malformed)."""

@@ -55,7 +55,7 @@ async def open_with_failover(
     """
     metrics = state.metrics
     add_usage = body.stream and not body.client_wants_usage
-    payloads: dict[str, bytes] = {}
+    payloads: dict[tuple[str, int | None], bytes] = {}
     loop = asyncio.get_running_loop()
     reasons: list[str] = [plan.reason] if plan.reason == "tier-unavailable" else []
     rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
@@ -80,8 +80,11 @@ async def open_with_failover(
             metrics.record_fallback(plan.request.model_name, previous_tier, pool.tier)
         previous_tier = pool.tier
         served = pool.config.served_model_name
-        if served not in payloads:
-            payloads[served] = upstream_body(body, served, add_usage=add_usage)
+        # vLLM's priority field only for engines that run priority scheduling (fcfs: 400)
+        prio = plan.engine_priority if pool.config.scheduling_policy == "priority" else None
+        if (served, prio) not in payloads:
+            payloads[(served, prio)] = upstream_body(body, served, add_usage=add_usage,
+                                                     priority=prio)
         pool.budget.record_request(loop.time())
         tried: list[Replica] = []
         for n in range(pool.config.retry.max_attempts):
@@ -126,7 +129,7 @@ async def open_with_failover(
             attempt = Attempt(
                 pool=pool,
                 replica=replica,
-                payload=payloads[served],
+                payload=payloads[(served, prio)],
                 path=path,
                 request_id=rec.request_id,
                 stream=body.stream,

@@ -21,6 +21,7 @@ SERVE_FLAGS = frozenset({
     "gpu-memory-utilization",
     "disable-uvicorn-access-log",
     "speculative-config",
+    "scheduling-policy",
 })
 
 SPECULATIVE_KEYS = frozenset({

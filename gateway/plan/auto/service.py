@@ -174,6 +174,17 @@ class AutoTier:
         self.decisions[(req.model_name, decision.tier, decision.reason)] += 1
         return AutoChoice(decision, std.key if decision.tier == "standard" else fast.key)
 
+    def cheaper(self, req: TierRequest, allowed_tiers: frozenset[str] | None) -> AutoChoice:
+        """The cheaper tier for an ``auto`` request whose session is past its budget's soft
+        share (reason ``session-budget``): lowest input + output price per token among the
+        tiers the key may use; standard on a tie."""
+        tiers = [t for t in req.model.tiers if allowed_tiers is None or t in allowed_tiers]
+        tier = min(tiers or list(req.model.tiers), key=lambda t: (
+            req.model.tiers[t].prices.input_per_mtok_usd
+            + req.model.tiers[t].prices.output_per_mtok_usd, t != "standard"))
+        self.decisions[(req.model_name, tier, "session-budget")] += 1
+        return AutoChoice(Decision(tier, "session-budget"), f"{req.model_name}/{tier}")
+
     def entitlement_denied(self, model: str) -> None:
         """Count an ``auto`` request served standard because its key lacks the fast tier."""
         self.decisions[(model, "standard", "no-fast-entitlement")] += 1
@@ -338,12 +349,17 @@ async def choose_auto(
     route: RouteRequest,
     doc: dict[str, Any],
     allowed_tiers: frozenset[str] | None,
+    cheaper: bool = False,
 ) -> AutoChoice | None:
     """The handler's entry point: the live-estimate choice for an ``auto`` request, or None
     (not ``auto``, no ``AutoTier``, the model lacks a pool, or the key has no fast tier: then
-    ``plan_request`` answers ``no-fast-entitlement``)."""
+    ``plan_request`` answers ``no-fast-entitlement``). ``cheaper``: the session is past its
+    budget's soft share (``gateway.admit.budget``): the cheaper tier, reason
+    ``session-budget``."""
     if req.tier != "auto" or auto is None:
         return None
+    if cheaper:
+        return auto.cheaper(req, allowed_tiers)
     if allowed_tiers is not None and "fast" not in allowed_tiers:
         auto.entitlement_denied(req.model_name)
         return None

@@ -58,3 +58,15 @@ def test_completion_needs_prompt():
     with pytest.raises(InvalidRequest):
         parse_body(b'{"model":"m"}', "completion")
     assert parse_body(b'{"model":"m","prompt":"hi"}', "completion").doc["prompt"] == "hi"
+
+
+def test_engine_priority_is_spliced_for_priority_scheduling_pools():
+    raw = b'{"model":"m","messages":[{"role":"user","content":"x"}]}'
+    out = upstream_body(parse_body(raw, "chat"), "s", add_usage=False, priority=2)
+    assert out.startswith(b'{"priority":2,') and orjson.loads(out)["model"] == "s"
+    # the gateway owns the field there: a client's own value is replaced
+    raw = b'{"model":"m","priority":-100,"messages":[{"role":"user","content":"x"}]}'
+    out = orjson.loads(upstream_body(parse_body(raw, "chat"), "m", add_usage=True, priority=1))
+    assert out["priority"] == 1 and out["stream_options"] == {"include_usage": True}
+    # without priority scheduling a client's field passes through untouched
+    assert upstream_body(parse_body(raw, "chat"), "m", add_usage=False) is raw

@@ -1,5 +1,7 @@
 """Cost from usage and tier prices (case cost-cached-tokens)."""
 
+import pytest
+
 from gateway.common.usage import Usage
 from gateway.config import Prices
 from gateway.telemetry.cost import cost_usd, token_split
@@ -29,3 +31,9 @@ def test_uncached_only_and_malformed_cached_is_clamped():
     # more cached than prompt: all prompt tokens at the cached price, never a negative count
     assert token_split(Usage(prompt=100, completion=0, cached=150)) == (0, 100, 0)
     assert cost_usd(Usage(prompt=100, completion=0, cached=150), PRICES) == 0.00001
+
+
+def test_flex_pays_the_flex_share():
+    """service_tier flex is billed at Batch API rates (prices.flex_share, 50% by default)."""
+    usage = Usage(prompt=1_000_000, completion=1_000_000)
+    assert cost_usd(usage, PRICES, flex=True) == pytest.approx(cost_usd(usage, PRICES) * 0.5)

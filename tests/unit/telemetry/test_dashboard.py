@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.admit.budget import SessionBudgets
+from gateway.admit.flow.control import FlowControl
+from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.common.usage import Usage
 from gateway.config import load_config
 from gateway.routing.pools import PoolRegistry
@@ -29,11 +32,23 @@ IDENT = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
     """Sample name → label names, from a real registry after one request of every kind."""
-    pools = PoolRegistry(load_config(models={"m": {"tiers": {
+    config = load_config(models={"m": {"tiers": {
         "fast": {"endpoints": ["http://127.0.0.1:9003"], "served_model_name": "m-fast"},
-        "standard": {"endpoints": ["http://127.0.0.1:9001"], "served_model_name": "m-std"}},
-        "fallback": {"fast": "standard"}}}))
+        "standard": {"endpoints": ["http://127.0.0.1:9001"], "served_model_name": "m-std",
+                     "max_inflight_per_replica": 4}},
+        "fallback": {"fast": "standard"}}})
+    pools = PoolRegistry(config)
     m = GatewayMetrics(pools)
+    # admission under load (issue 17): one of each flow-control and budget event
+    flow = FlowControl(config, pools)
+    register_flow_metrics(flow, m.registry)
+    budgets = SessionBudgets(config)
+    m.registry.register(budgets.collector())
+    flow.shed[("m/standard", "batch", "expected_wait")] += 1
+    flow.promotions[("m/standard", "batch", "standard")] += 1
+    flow.observe_wait(pools.get("m", "standard"), "batch", 0.5)
+    flow.pools["m/standard"].drain.rate = lambda: 100.0  # type: ignore[method-assign]
+    budgets.refusals["m"] = budgets.soft["m"] = 1
     rec = RequestRecord(request_id="r", path="/v1/chat/completions", model="m",
                         asked_tier="fast", stream=True)
     rec.served_tier, rec.status, rec.outcome = "fast", 200, "ok"
@@ -121,7 +136,9 @@ def test_every_query_names_an_exported_metric_and_label(exported):
     for must in ("gen_ai_server_time_to_first_token_seconds_bucket",
                  "gen_ai_client_operation_time_per_output_chunk_seconds_bucket",
                  "gen_ai_client_token_usage_sum", "speedgate_cost_usd_total",
-                 "speedgate_retries_total", "speedgate_replica_inflight"):
+                 "speedgate_retries_total", "speedgate_replica_inflight",
+                 "speedgate_queue_length", "speedgate_queue_wait_seconds_bucket",
+                 "speedgate_queue_shed_total", "speedgate_session_budget_refusals_total"):
         assert must in seen
 
 

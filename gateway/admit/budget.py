@@ -1,0 +1,324 @@
+"""Session budgets for agent runs (DESIGN §13): a session's spend in USD, checked at admission.
+
+A request with a session (``x-session-id``) and a budget (header
+``x-speedgate-session-budget-usd`` capped by the key's maximum, else the key's
+``session_budget_usd``, else ``budgets.default_session_budget_usd``) is admitted while the
+session's committed spend (finished requests at their cost, cached tokens at the cached price,
+plus requests in flight at their estimate) is below the budget; then its own estimate is
+reserved, atomically with the check (one Lua script in Redis, so every gateway replica sees one
+spend). When it ends, the reservation is replaced by its actual cost. Past ``soft_share`` of the
+budget ``auto`` takes the cheaper tier. Past the budget: 429 ``session_budget_exceeded`` with
+the remaining budget header. Ledgers are scoped by API key (two keys never share a session).
+
+The arithmetic (``check``, ``estimate_usd``) is pure; ``MemoryLedger`` keeps one process's
+ledgers, ``gateway.admit.budget_redis.RedisLedger`` the shared ones. USD throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.config import ApiKeyConfig, GatewayConfig, Prices
+from gateway.errors import GatewayError, InvalidRequest
+
+log = logging.getLogger("speedgate.budget")
+
+HEADER = "x-speedgate-session-budget-usd"
+REMAINING_HEADER = "x-speedgate-session-budget-remaining-usd"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """``admit``: committed < budget; ``soft``: committed ≥ soft share × budget;
+    ``remaining_usd``: budget − committed (≥ 0), committed = spent + reserved."""
+
+    admit: bool
+    soft: bool
+    remaining_usd: float
+
+
+def check(spent_usd: float, reserved_usd: float, budget_usd: float, soft_share: float) -> Verdict:
+    """The admission rule of one request against its session's ledger."""
+    committed = spent_usd + reserved_usd
+    return Verdict(committed < budget_usd, committed >= soft_share * budget_usd,
+                   max(0.0, budget_usd - committed))
+
+
+def estimate_usd(prompt_tokens: float, output_tokens: float, prices: Iterable[Prices]) -> float:
+    """A request's cost estimate: uncached prompt and output tokens at the dearest of
+    ``prices`` (the tiers it may be served on; a fallback may land on any of them)."""
+    best = 0.0
+    for p in prices:
+        best = max(best, (prompt_tokens * p.input_per_mtok_usd
+                          + output_tokens * p.output_per_mtok_usd) / 1e6)
+    return best
+
+
+class BudgetExceeded(GatewayError):
+    """429 ``session_budget_exceeded``: the session spent its budget. Not worth retrying
+    (``x-should-retry: false``, read by the OpenAI SDKs)."""
+
+    status = 429
+    type = "insufficient_quota"
+    code = "session_budget_exceeded"
+
+    def __init__(self, budget_usd: float, remaining_usd: float) -> None:
+        super().__init__(
+            f"This session has used its budget of ${budget_usd:.6g} "
+            f"(remaining ${remaining_usd:.6g}); start a new session or raise the budget."
+        )
+        self.budget_usd, self.remaining_usd = budget_usd, remaining_usd
+
+    def headers(self) -> dict[str, str]:
+        return {HEADER: f"{self.budget_usd:.6f}", REMAINING_HEADER: f"{self.remaining_usd:.6f}",
+                "x-should-retry": "false"}
+
+
+class BudgetUnavailable(GatewayError):
+    """503: the budget store cannot answer and ``budgets.fail_mode`` is ``closed``."""
+
+    status = 503
+    type = "server_error"
+    code = "budget_store_unavailable"
+
+
+@dataclass(slots=True)
+class LedgerState:
+    """A session's ledger: the budget last applied, spend of finished requests, and the
+    estimates of requests in flight (all USD)."""
+
+    budget_usd: float = 0.0
+    spent_usd: float = 0.0
+    reserved_usd: float = 0.0
+
+
+class Ledger(Protocol):
+    """Where session ledgers live (``MemoryLedger``, ``RedisLedger``)."""
+
+    async def reserve(
+        self, ledger_id: str, budget_usd: float, estimate_usd: float, request_id: str
+    ) -> tuple[bool, LedgerState]:
+        """Atomically: admitted iff spent + reserved < budget, then reserve ``estimate_usd``
+        for ``request_id``. Returns (admitted, the state before this reservation)."""
+        ...
+
+    async def settle(self, ledger_id: str, request_id: str, actual_usd: float) -> None:
+        """Replace ``request_id``'s reservation by its actual cost."""
+        ...
+
+    async def read(self, ledger_id: str) -> LedgerState | None:
+        """The ledger (None when the session has none)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+@dataclass(slots=True)
+class _Entry:
+    state: LedgerState = field(default_factory=LedgerState)
+    holds: dict[str, tuple[float, float]] = field(default_factory=dict)  # rid → (usd, expiry)
+
+
+class MemoryLedger:
+    """Ledgers of one process, LRU-bounded to ``max_sessions``; reservations expire after
+    ``reservation_ttl_s`` (a request that never settled)."""
+
+    def __init__(self, reservation_ttl_s: float = 3600.0, max_sessions: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = reservation_ttl_s
+        self.max_sessions = max_sessions
+        self.clock = clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def _entry(self, ledger_id: str) -> _Entry:
+        e = self._entries.get(ledger_id)
+        if e is None:
+            e = self._entries[ledger_id] = _Entry()
+            if len(self._entries) > self.max_sessions:
+                self._entries.popitem(last=False)
+        self._entries.move_to_end(ledger_id)
+        now = self.clock()
+        for rid in [r for r, (_, exp) in e.holds.items() if exp <= now]:
+            del e.holds[rid]
+        e.state.reserved_usd = sum(usd for usd, _ in e.holds.values())
+        return e
+
+    async def reserve(self, ledger_id: str, budget_usd: float, estimate_usd: float,
+                      request_id: str) -> tuple[bool, LedgerState]:
+        e = self._entry(ledger_id)
+        e.state.budget_usd = budget_usd
+        before = LedgerState(budget_usd, e.state.spent_usd, e.state.reserved_usd)
+        if before.spent_usd + before.reserved_usd >= budget_usd:
+            return False, before
+        e.holds[request_id] = (estimate_usd, self.clock() + self.ttl_s)
+        e.state.reserved_usd += estimate_usd
+        return True, before
+
+    async def settle(self, ledger_id: str, request_id: str, actual_usd: float) -> None:
+        e = self._entry(ledger_id)
+        held = e.holds.pop(request_id, None)
+        if held is not None:
+            e.state.reserved_usd = max(0.0, e.state.reserved_usd - held[0])
+        e.state.spent_usd += actual_usd
+
+    async def read(self, ledger_id: str) -> LedgerState | None:
+        if ledger_id not in self._entries:
+            return None
+        s = self._entry(ledger_id).state
+        return LedgerState(s.budget_usd, s.spent_usd, s.reserved_usd)
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class BudgetHold:
+    """An admitted request's reservation: release it with ``SessionBudgets.settle``."""
+
+    ledger_id: str
+    request_id: str
+    budget_usd: float
+    remaining_usd: float
+    soft: bool
+    settled: bool = False
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Response headers: the session's budget and what remained at admission."""
+        return [(HEADER.encode(), f"{self.budget_usd:.6f}".encode()),
+                (REMAINING_HEADER.encode(), f"{self.remaining_usd:.6f}".encode())]
+
+
+def ledger_id(key_id: str | None, session_id: str) -> str:
+    """A session's ledger name, scoped by its API key id (``-`` with auth off)."""
+    return f"{key_id or '-'}/{session_id}"
+
+
+class SessionBudgets:
+    """Session budgets of one gateway process (see the module docstring)."""
+
+    def __init__(self, config: GatewayConfig, ledger: Ledger | None = None) -> None:
+        self.config = config.budgets
+        self.models = config.models
+        self.ledger: Ledger = ledger or MemoryLedger(config.budgets.reservation_ttl_s)
+        self.refusals: dict[str, int] = {}  # model → requests refused for their budget
+        self.soft: dict[str, int] = {}  # model → requests admitted past the soft share
+        self._settles: set[asyncio.Task[None]] = set()
+
+    def budget_for(self, key: ApiKeyConfig | None, header: str | None) -> float | None:
+        """The budget (USD) of a request: the header capped by the key's maximum (the key's
+        own budget when it has no maximum), else the key's budget, else the default.
+        Raises ``InvalidRequest`` (400) for a header that is not a positive number."""
+        own = key.session_budget_usd if key is not None else None
+        if header is not None:
+            try:
+                asked = float(header)
+            except ValueError:
+                asked = math.nan
+            if not math.isfinite(asked) or asked <= 0:
+                raise InvalidRequest(f"{HEADER} must be a positive number of USD", param=HEADER)
+            cap = (key.max_session_budget_usd or own) if key is not None else (
+                self.config.max_session_budget_usd)
+            return min(asked, cap) if cap is not None else asked
+        if own is not None:
+            return own
+        return self.config.default_session_budget_usd
+
+    async def reserve(
+        self,
+        key: ApiKeyConfig | None,
+        session_id: str | None,
+        header: str | None,
+        model: str,
+        estimate: float,
+        request_id: str,
+    ) -> BudgetHold | None:
+        """Check and reserve the session's budget for one request (None: no session or no
+        budget). Raises ``BudgetExceeded`` (429), ``BudgetUnavailable`` (503, fail closed)."""
+        budget = self.budget_for(key, header)
+        if session_id is None or budget is None:
+            return None
+        lid = ledger_id(key.id if key is not None else None, session_id)
+        try:
+            admitted, before = await self.ledger.reserve(lid, budget, estimate, request_id)
+        except Exception as e:  # Redis down or slow
+            if self.config.fail_mode == "closed":
+                raise BudgetUnavailable("session budget store unavailable; try again",
+                                        retry_after_s=1) from None
+            log.warning("session budget not checked (store unavailable): %r", e)
+            return None
+        v = check(before.spent_usd, before.reserved_usd, budget, self.config.soft_share)
+        if not admitted:
+            self.refusals[model] = self.refusals.get(model, 0) + 1
+            raise BudgetExceeded(budget, v.remaining_usd)
+        if v.soft:
+            self.soft[model] = self.soft.get(model, 0) + 1
+        return BudgetHold(lid, request_id, budget, v.remaining_usd, v.soft)
+
+    async def settle(self, hold: BudgetHold | None, actual_usd: float) -> None:
+        """Replace the reservation by the request's actual cost (0 when nothing was served).
+        Idempotent; survives cancellation of the caller (runs as its own task)."""
+        if hold is None or hold.settled:
+            return
+        hold.settled = True
+        task = asyncio.get_running_loop().create_task(
+            self.ledger.settle(hold.ledger_id, hold.request_id, actual_usd))
+        self._settles.add(task)
+        task.add_done_callback(self._settles.discard)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:
+            log.warning("session budget not settled for %s: %r", hold.ledger_id, e)
+
+    async def read(self, key_id: str | None, session_id: str) -> dict[str, float] | None:
+        """``{budget_usd, spent_usd, reserved_usd, remaining_usd}`` of a session (None when
+        it has no ledger)."""
+        s = await self.ledger.read(ledger_id(key_id, session_id))
+        if s is None:
+            return None
+        v = check(s.spent_usd, s.reserved_usd, s.budget_usd, self.config.soft_share)
+        return {"budget_usd": s.budget_usd, "spent_usd": s.spent_usd,
+                "reserved_usd": s.reserved_usd, "remaining_usd": v.remaining_usd}
+
+    def collector(self) -> Collector:
+        """Prometheus collector: ``speedgate_session_budget_refusals_total{model}`` (429
+        ``session_budget_exceeded``) and ``speedgate_session_budget_soft_total{model}``
+        (admitted past the soft share)."""
+        return _BudgetCollector(self)
+
+    async def close(self) -> None:
+        """Wait for pending settles and close the store."""
+        if self._settles:
+            await asyncio.gather(*self._settles, return_exceptions=True)
+        await self.ledger.close()
+
+
+class _BudgetCollector(Collector):
+    def __init__(self, budgets: SessionBudgets) -> None:
+        self.budgets = budgets
+
+    def collect(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily("speedgate_session_budget_refusals",
+                                      "Requests refused: their session spent its budget",
+                                      labels=["model"])
+        for model, n in sorted(self.budgets.refusals.items()):
+            refused.add_metric([model], float(n))
+        soft = CounterMetricFamily("speedgate_session_budget_soft",
+                                   "Requests admitted past their session budget's soft share",
+                                   labels=["model"])
+        for model, n in sorted(self.budgets.soft.items()):
+            soft.add_metric([model], float(n))
+        yield from (refused, soft)

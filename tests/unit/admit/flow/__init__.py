@@ -1,0 +1,1 @@
+"""Unit tests of flow control: the queue discipline, fairness, shedding, bands (pure)."""
