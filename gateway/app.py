@@ -25,18 +25,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.admit.audit import client_addr
-from gateway.admit.auth import PermissionDenied, load_keys
-from gateway.admit.budget import SessionBudgets
-from gateway.admit.budget_redis import RedisLedger
+from gateway.admit.auth import PermissionDenied
 from gateway.admit.connections import GUARD_KEY, ConnectionGuard
-from gateway.admit.control import AdmissionControl
-from gateway.admit.flow.control import FlowControl
+from gateway.admit.control import build_admission
 from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
 from gateway.asgi import Scope, send_error
 from gateway.common.redis_conn import RedisConnection
-from gateway.config import ConfigError, GatewayConfig, check_key_bands, load_config
+from gateway.config import GatewayConfig, load_config
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.routes import install_console
 from gateway.console.state import ConsoleSources
@@ -160,7 +157,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     # slow/idle client limits, read by each connection's protocol from the lifespan state
     guard = ConnectionGuard(config.server)
     metrics.registry.register(guard.collector())
-    admission = _admission(config, pools)  # bands, pool queues, session budgets (issue 17)
+    admission = build_admission(config, pools)  # bands, pool queues, session budgets (issue 17)
     register_flow_metrics(admission.flow, metrics.registry)
     metrics.registry.register(admission.budgets.collector())
 
@@ -385,23 +382,6 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     app.router.redirect_slashes = False  # no redirect to a client-supplied Host, ever
     app.add_middleware(RequestIdMiddleware)
     return SpeedgateApp(app, hot, config.server.max_header_bytes)
-
-
-def _admission(config: GatewayConfig, pools: PoolRegistry) -> AdmissionControl:
-    """Flow control and session budgets (ledgers in Redis with ``state.redis_url``). Raises
-    ``ConfigError`` when a key of ``auth.keys_file`` names an unknown band."""
-    try:
-        check_key_bands(config.flow_control, load_keys(config.auth), "auth keys")
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    b, st = config.budgets, config.state
-    ledger = (
-        RedisLedger.from_url(st.redis_url, st.redis_timeout_s, prefix=b.redis_prefix,
-                             reservation_ttl_s=b.reservation_ttl_s,
-                             session_ttl_s=b.session_ttl_s)
-        if st.redis_url else None
-    )
-    return AdmissionControl(FlowControl(config, pools), SessionBudgets(config, ledger))
 
 
 def create_app_from_env() -> SpeedgateApp:

@@ -18,11 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.admit.auth import load_keys
 from gateway.admit.budget import HEADER as BUDGET_HEADER
 from gateway.admit.budget import BudgetHold, SessionBudgets, estimate_usd
+from gateway.admit.budget_redis import RedisLedger
 from gateway.admit.flow.bands import HEADER as PRIORITY_HEADER
 from gateway.admit.flow.control import BYTES_PER_TOKEN, Admission, FlowControl, Slot
 from gateway.asgi import Scope, header
+from gateway.config import ConfigError, GatewayConfig, check_key_bands
 from gateway.upstream.deadline import total_timeout_s
 
 if TYPE_CHECKING:
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     from gateway.plan.chain import Plan
     from gateway.plan.tiers import TierRequest
     from gateway.relay.body import ParsedBody
+    from gateway.routing.pools import PoolRegistry
     from gateway.telemetry.record import RequestRecord
 
 
@@ -126,3 +130,20 @@ class AdmissionControl:
         """Refuse requests still queued, stop the pumps, flush budget settles."""
         await self.flow.close()
         await self.budgets.close()
+
+
+def build_admission(config: GatewayConfig, pools: PoolRegistry) -> AdmissionControl:
+    """Flow control and session budgets (ledgers in Redis with ``state.redis_url``). Raises
+    ``ConfigError`` when a key of ``auth.keys_file`` names an unknown band."""
+    try:
+        check_key_bands(config.flow_control, load_keys(config.auth), "auth keys")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    b, st = config.budgets, config.state
+    ledger = (
+        RedisLedger.from_url(st.redis_url, st.redis_timeout_s, prefix=b.redis_prefix,
+                             reservation_ttl_s=b.reservation_ttl_s,
+                             session_ttl_s=b.session_ttl_s)
+        if st.redis_url else None
+    )
+    return AdmissionControl(FlowControl(config, pools), SessionBudgets(config, ledger))
