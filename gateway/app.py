@@ -1,6 +1,7 @@
 """The FastAPI application: routes, lifespan (upstream client, health probes), request ids.
 
-The two hot-path routes are raw ASGI endpoints (``handler.CompletionsEndpoint``); the rest are
+The hot-path routes, one per client API (``gateway.protocols``), are raw ASGI endpoints
+(``handler.Endpoint``); the rest (models, health, metrics, usage, stored responses) are
 ordinary FastAPI routes. No compression middleware: ``text/event-stream`` is never compressed.
 """
 
@@ -28,12 +29,14 @@ from gateway.admit.audit import client_addr
 from gateway.admit.auth import PermissionDenied
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
-from gateway.asgi import Scope, send_error
+from gateway.asgi import Scope, send_error, send_response
 from gateway.config import GatewayConfig, load_config
 from gateway.errors import GatewayError
-from gateway.handler import CompletionsEndpoint
+from gateway.handler import Endpoint
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
+from gateway.protocols.registry import build_protocols, response_store
+from gateway.protocols.responses import ResponsesProtocol
 from gateway.routing.pools import PoolRegistry
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
@@ -90,12 +93,12 @@ class RequestIdMiddleware:
 
 
 class SpeedgateApp:
-    """The outermost ASGI app. ``POST`` to a completions path goes straight to its raw
+    """The outermost ASGI app. ``POST`` to a protocol's path goes straight to its raw
     endpoint (no middleware layers on the per-token path); everything else, lifespan included,
     goes to the FastAPI app ``api``."""
 
     def __init__(
-        self, api: FastAPI, hot: dict[str, CompletionsEndpoint], max_header_bytes: int = 32768
+        self, api: FastAPI, hot: dict[str, Endpoint], max_header_bytes: int = 32768
     ) -> None:
         self.api = api
         self.hot = hot
@@ -106,7 +109,16 @@ class SpeedgateApp:
             try:
                 check_headers(scope["headers"], self.max_header_bytes)
             except HeadersTooLarge as e:
-                await send_error(send, e, [(b"x-request-id", request_id(scope).encode())])
+                rid = request_id(scope)
+                endpoint = self.hot.get(scope["path"])
+                if endpoint is None:
+                    await send_error(send, e, [(b"x-request-id", rid.encode())])
+                    return
+                shape = endpoint.protocol.errors
+                await send_response(
+                    send, shape.status(e), shape.body(e, rid),
+                    [(b"x-request-id", rid.encode()), *shape.headers(e)],
+                )
                 return
         if scope["type"] == "http" and scope["method"] == "POST":
             endpoint = self.hot.get(scope["path"])
@@ -139,6 +151,10 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     gate = Gate(config)  # API keys (read here: a bad keys_file fails at startup), rate limits
     auto = AutoTier(config, pools)  # the auto tier's live estimates (issue 10)
     metrics.registry.register(auto.collector())
+    responses_store = response_store(config)  # Responses API state (issue 16)
+    protocols = build_protocols(responses_store)
+    responses = protocols["/v1/responses"]
+    assert isinstance(responses, ResponsesProtocol)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -188,6 +204,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             await telemetry.shutdown()
             await usage.close()
             await gate.close()
+            await responses_store.close()
 
     app = FastAPI(
         title="speedgate",
@@ -204,9 +221,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             return getattr(holder["state"], name)
 
     lazy: Any = _Lazy()
-    hot: dict[str, CompletionsEndpoint] = {}
-    for kind, path in (("chat", "/v1/chat/completions"), ("completion", "/v1/completions")):
-        hot[path] = CompletionsEndpoint(lazy, kind, gate)  # type: ignore[arg-type]
+    hot: dict[str, Endpoint] = {}
+    for path, protocol in protocols.items():
+        hot[path] = Endpoint(lazy, protocol, gate)
         # also a FastAPI route, so other methods get a proper 405
         app.router.routes.append(Route(path, hot[path], methods=["POST"]))
 
@@ -246,6 +263,36 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             out["parent"] = model_name
             out["tier"] = tier
         return out
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(request: Request, response_id: str) -> Response:
+        """A stored Responses API response (``store`` true), for the key that made it."""
+        try:
+            caller = gate.authenticate(request.scope)
+            return _json(200, await responses.retrieve(response_id, caller and caller.id))
+        except GatewayError as e:
+            return _error(e)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str) -> Response:
+        """Delete a stored response: ``{"id", "object": "response.deleted", "deleted": true}``."""
+        try:
+            caller = gate.authenticate(request.scope)
+            return _json(200, await responses.delete(response_id, caller and caller.id))
+        except GatewayError as e:
+            return _error(e)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(request: Request, response_id: str) -> Response:
+        """Cancel a response running on this gateway process (its replica is told, the
+        generation aborted)."""
+        try:
+            caller = gate.authenticate(request.scope)
+            upstream = holder["state"].upstream
+            doc = await responses.cancel(response_id, caller and caller.id, upstream)
+            return _json(200, doc)
+        except GatewayError as e:
+            return _error(e)
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> Response:

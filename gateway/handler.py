@@ -1,38 +1,32 @@
 """The path of one request, top-down: admit → plan → attempt → relay → account (DESIGN §1).
 
-``CompletionsEndpoint`` is a raw ASGI app serving ``/v1/chat/completions`` and
-``/v1/completions``: no response models, no per-chunk validation. Each step calls a small
-module: ``body`` (validate, rewrite owned fields), ``tiers`` and ``plan`` (tier and fallback
+``Endpoint`` is a raw ASGI app serving one client API (``/v1/chat/completions``,
+``/v1/completions``, ``/v1/responses``, ``/v1/messages``, ``/v1/messages/count_tokens``): no
+response models, no per-chunk validation. What differs between APIs is asked of the endpoint's
+``Protocol`` (``gateway.protocols``): reading the body, the fields it owns, its stream framing,
+usage and errors. Each step calls a small module: ``tiers`` and ``plan`` (tier and fallback
 chain), ``failover`` (attempts on replicas and pools, with ``attempt`` for one try with staged
-timeouts), ``relay`` (SSE and JSON relay), ``accounting`` (usage, cost, metrics, trace, logs).
+timeouts), ``relay`` (SSE relay), ``accounting`` (usage, cost, metrics, trace, logs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Literal
+from typing import Any
 
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.ratelimit import Reservation
-from gateway.asgi import (
-    ClientDisconnected,
-    DisconnectWatch,
-    Scope,
-    header,
-    read_body,
-    send_error,
-    send_response,
-)
+from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, read_body
 from gateway.common.usage import Usage
 from gateway.config import Prices
 from gateway.errors import GatewayError, UpstreamTimeout
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
-from gateway.plan.tiers import TIER_TO_SERVICE_TIER
-from gateway.relay.body import ParsedBody, parse_body
-from gateway.relay.stream import SSE_HEADERS, ChunkRewriter, error_event, relay_events
+from gateway.protocols.base import Protocol, Rewrite, StreamCodec
+from gateway.relay.body import ParsedBody
+from gateway.relay.stream import SSE_HEADERS, relay_events
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
 from gateway.telemetry.accounting import account
@@ -46,92 +40,109 @@ from gateway.upstream.failover import open_with_failover
 log = logging.getLogger("speedgate.handler")
 
 
-class CompletionsEndpoint:
-    """ASGI app for ``POST /v1/chat/completions`` (``kind="chat"``) and ``/v1/completions``."""
+class Endpoint:
+    """ASGI app for ``POST <protocol.path>``."""
 
-    def __init__(
-        self, state: GatewayState, kind: Literal["chat", "completion"], gate: Gate | None = None
-    ) -> None:
+    def __init__(self, state: GatewayState, protocol: Protocol, gate: Gate | None = None) -> None:
         self.state = state
-        self.kind = kind
+        self.protocol = protocol
         self.gate = gate  # API keys, entitlements, rate limits; None = open gateway
-        self.path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        self.path = protocol.path
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         """Serve one request; every exit path answers the client (or records 499) and is
         accounted once."""
-        state = self.state
-        rec = RequestRecord(request_id=scope.get("speedgate.request_id", ""), path=self.path)
+        state, protocol, gate = self.state, self.protocol, self.gate
+        rec = RequestRecord(
+            request_id=scope.get("speedgate.request_id", ""),
+            path=protocol.path,
+            operation=protocol.operation,
+        )
         rec.session_id = header(scope, b"x-session-id")
         trace = state.telemetry.start_request(
-            scope["headers"], "chat" if self.kind == "chat" else "text_completion"
+            scope["headers"], protocol.operation, protocol.span_attributes()
         )
         rec.trace_id = trace.trace_id
         body: ParsedBody | None = None
         relayed: list[bytes] = []
         response_doc: dict[str, Any] | None = None
         raw_size = 0
-        gate = self.gate
         reservation: Reservation | None = None
         limit_headers: list[tuple[bytes, bytes]] = []
+        stream: list[StreamCodec] = []  # the codec, once the stream started
         try:
             # 1. admit (the key before reading the body; limits once the body is known)
             key = gate.authenticate(scope, rec) if gate is not None else None
             raw = await read_body(scope, receive, state.config.server.max_body_bytes)
             raw_size = len(raw)
-            body = parse_body(raw, self.kind)
+            body = protocol.parse(raw)
             check_json_shape(body.doc, state.config.server.max_json_depth)
             # 2. plan (restricted to the tiers the key is entitled to)
             treq = state.models.resolve(
-                body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
+                body.doc["model"],
+                header(scope, b"x-speedgate-tier"),
+                protocol.service_tier(body.doc),
+                default_only=protocol.default_tier_only,
             )
             allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
+            await protocol.prepare(body, rec.key_id)  # e.g. previous_response_id expanded
             if gate is not None:  # limits before any routing work (a refused request costs ~0)
-                reservation, limit_headers = await gate.reserve(key, body, self.kind, raw_size)
+                reservation, limit_headers = await gate.reserve(key, body, protocol, raw_size)
             # routing keys once (sessions scoped to the API key); auto weighs each pool's live
             # estimate for this request
-            route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
-            choice = await choose_auto(state.auto, treq, route, body.doc, allowed)
+            conversation = body.conversation
+            route = RouteRequest.from_doc(
+                conversation, rec.session_id or body.session_hint, scope=rec.key_id
+            )
+            choice = await choose_auto(state.auto, treq, route, conversation, allowed)
             plan = plan_request(treq, state.pools, allowed, choice)
             plan.route, rec.auto_choice = route, plan.auto
             timeout_s = header_timeout_s(
                 header(scope, b"x-speedgate-timeout"), header(scope, b"x-stainless-timeout")
             )
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
-            async with DisconnectWatch(receive):
+            final: dict[str, Any] | None = None
+            async with DisconnectWatch(receive), protocol.running(body, rec) as run:
                 # 3. attempt
                 opened = await open_with_failover(
-                    state, plan, body, rec, trace, self.path, timeout_s
+                    state, plan, body, protocol, rec, trace, timeout_s
                 )
+                run.replica = opened.attempt.replica.url
                 try:
                     # 4. relay
                     response_doc = opened.doc
-                    await self._respond(send, plan, opened, body, rec, relayed, limit_headers)
+                    final = await self._respond(
+                        send, plan, opened, body, rec, relayed, limit_headers, stream
+                    )
                 finally:
                     opened.close()
                     if opened.span is not None:
                         opened.span.end(rec.outcome or "error", status=rec.status)
+            if final is not None:
+                await protocol.finish(body, rec.key_id, final)  # e.g. store the response
         except ClientDisconnected:
             rec.status, rec.outcome = 499, "client_disconnected"
         except GatewayError as e:
             rec.outcome = rec.outcome or e.code or e.type
             if not rec.response_started:
-                rec.status = e.status
-                await send_error(send, e, self._headers(rec) + limit_headers)
+                rec.status = protocol.errors.status(e)
+                await self._send_error(send, e, rec, limit_headers)
+            elif rec.stream:  # e.g. cancelled while streaming: one in-band error event
+                await end_stream_with_error(send, protocol, stream, e)
         except Exception:
             log.exception("internal error on request %s", rec.request_id)
             rec.outcome = "internal_error"
             err = GatewayError("internal gateway error", code="internal_error")
             if not rec.response_started:
-                rec.status = err.status
-                await send_error(send, err, self._headers(rec))
+                rec.status = protocol.errors.status(err)
+                await self._send_error(send, err, rec, [])
             elif rec.stream:  # the stream started: end it with one in-band error event
-                await end_stream_with_error(send, err)
+                await end_stream_with_error(send, protocol, stream, err)
         except asyncio.CancelledError:  # server shutdown (past its grace period)
             rec.outcome = rec.outcome or "shutdown"
             if rec.response_started and rec.stream:
                 err = GatewayError("gateway shutting down", status=503, code="shutdown")
-                await end_stream_with_error(send, err)
+                await end_stream_with_error(send, protocol, stream, err)
             raise
         finally:
             # 5. account, then give back the rate-limit reservation with the actual usage
@@ -140,8 +151,8 @@ class CompletionsEndpoint:
                     state,
                     rec,
                     trace,
-                    kind=self.kind,
-                    doc=body.doc if body is not None else None,
+                    protocol=protocol,
+                    doc=body.conversation if body is not None else None,
                     raw_size=raw_size,
                     relayed=relayed,
                     response_doc=response_doc,
@@ -159,26 +170,29 @@ class CompletionsEndpoint:
         rec: RequestRecord,
         relayed: list[bytes],
         limit_headers: list[tuple[bytes, bytes]],
-    ) -> None:
+        stream: list[StreamCodec],
+    ) -> dict[str, Any] | None:
+        """Answer the client from ``opened``; the final response object sent (JSON body, or
+        the stream's last one where the protocol has it; ``{}`` for a stream without one), or
+        None when the stream failed."""
+        protocol = self.protocol
         pool = opened.attempt.pool
-        rewriter = ChunkRewriter(
-            pool.config.served_model_name,
-            plan.request.model_name,
-            TIER_TO_SERVICE_TIER[pool.tier],
-        )
+        rewrite = Rewrite(pool.config.served_model_name, plan.request.model_name, pool.tier)
         headers = self._headers(rec) + limit_headers
         replica = opened.attempt.replica
         headers.append((b"x-speedgate-replica", replica.name.encode()))
         if not body.stream:
             assert opened.doc is not None
-            rec.set_usage(opened.doc.get("usage"))
+            rec.usage = protocol.json_usage(opened.doc)
             headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s)
-            payload = rewriter.body(opened.doc)
+            payload = protocol.rewrite_json(opened.doc, body, rewrite)
             rec.response_started, rec.status, rec.outcome = True, 200, "ok"
-            await send_response(send, 200, payload, headers)
-            return
+            await send_json(send, 200, payload, headers)
+            return opened.doc
         headers.append((b"x-speedgate-ttft-s", f"{opened.ttft_s:.4f}".encode()))
         assert opened.head is not None and opened.batches is not None
+        codec = protocol.codec(body, rewrite)
+        stream.append(codec)
         rec.response_started, rec.status = True, 200
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
         rec.itl = GapTimer()
@@ -186,8 +200,7 @@ class CompletionsEndpoint:
             send,
             opened.head,
             opened.batches,
-            rewriter,
-            strip_usage=not body.client_wants_usage,
+            codec,
             stall_s=pool.config.timeouts.stall_s,
             total_s=opened.attempt.total_s,
             deadline=opened.attempt.deadline,
@@ -198,18 +211,32 @@ class CompletionsEndpoint:
         rec.usage = result.usage
         if result.ok:
             rec.outcome = "ok"
-            return
+            return codec.final if codec.final is not None else {}
         assert result.error is not None
         rec.outcome = result.error.code
         if isinstance(result.error, UpstreamTimeout):
             self.state.metrics.record_timeout(pool, result.error.stage)
             if result.error.stage == "total":
-                return  # the deadline expired: not the replica's fault
+                return None  # the deadline expired: not the replica's fault
         pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
+        return None
+
+    async def _send_error(
+        self,
+        send: Any,
+        err: GatewayError,
+        rec: RequestRecord,
+        extra: list[tuple[bytes, bytes]],
+    ) -> None:
+        shape = self.protocol.errors
+        headers = self._headers(rec) + extra + shape.headers(err)
+        await send_json(send, shape.status(err), shape.body(err, rec.request_id), headers)
 
     @staticmethod
     def _headers(rec: RequestRecord) -> list[tuple[bytes, bytes]]:
-        out: list[tuple[bytes, bytes]] = [(b"x-request-id", rec.request_id.encode())]
+        rid = rec.request_id.encode()
+        # ``request-id`` is the header Anthropic's SDKs read; OpenAI's read ``x-request-id``
+        out: list[tuple[bytes, bytes]] = [(b"x-request-id", rid), (b"request-id", rid)]
         if rec.served_tier:
             out.append((b"x-speedgate-tier", rec.served_tier.encode()))
         if rec.fallback:
@@ -217,6 +244,24 @@ class CompletionsEndpoint:
         if rec.auto_reason:
             out.append((b"x-speedgate-auto-reason", rec.auto_reason.encode()))
         return out
+
+
+async def send_json(
+    send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Send a complete JSON response with ``headers`` (lower-case byte pairs)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def usage_headers(
@@ -238,10 +283,13 @@ def usage_headers(
     return out
 
 
-async def end_stream_with_error(send: Any, err: GatewayError) -> None:
-    """Best effort: one in-band error event and the end of a started SSE stream (the client
-    may be gone already)."""
+async def end_stream_with_error(
+    send: Any, protocol: Protocol, stream: list[StreamCodec], err: GatewayError
+) -> None:
+    """Best effort: one in-band error event of the protocol's kind and the end of a started
+    SSE stream (the client may be gone already)."""
+    event = stream[0].error_event(err) if stream else protocol.error_event(err)
     try:
-        await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
+        await send({"type": "http.response.body", "body": event, "more_body": False})
     except Exception:
         pass

@@ -24,6 +24,7 @@ from gateway.config.server import (
     AuthConfig,
     HealthConfig,
     RateLimitConfig,
+    ResponsesConfig,
     ServerConfig,
     StateConfig,
     UpstreamConfig,
@@ -48,6 +49,7 @@ class GatewayConfig(BaseSettings):
     state: StateConfig = StateConfig()
     auth: AuthConfig = AuthConfig()
     rate_limits: RateLimitConfig = RateLimitConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     models: dict[str, ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -13,7 +13,8 @@ import time
 
 from gateway.errors import EngineClientError, GatewayError, NoHealthyReplica, UpstreamTimeout
 from gateway.plan.chain import Plan
-from gateway.relay.body import ParsedBody, upstream_body
+from gateway.protocols.base import Protocol
+from gateway.relay.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
 from gateway.routing.pools import Pool, Replica
 from gateway.state import GatewayState
@@ -28,14 +29,15 @@ async def open_with_failover(
     state: GatewayState,
     plan: Plan,
     body: ParsedBody,
+    protocol: Protocol,
     rec: RequestRecord,
     trace: RequestTrace,
-    path: str,
     timeout_s: float | None,
 ) -> OpenedResponse:
     """Try each pool of ``plan.chain`` at most ``retry.max_attempts`` times, each attempt on a
     replica not tried yet, until one answers. ``timeout_s`` (from the request's headers) may
-    shorten the first pool's ``total_s``, which bounds the whole request.
+    shorten the first pool's ``total_s``, which bounds the whole request. ``protocol`` makes
+    each pool's upstream body and says when a stream's first content event arrived.
 
     Raises the last ``GatewayError`` (the engine's 4xx at once, never retried), an
     ``UpstreamTimeout`` when the deadline expires, or ``NoHealthyReplica`` (503) when no pool
@@ -43,7 +45,6 @@ async def open_with_failover(
     ``rec.served_tier``, ``rec.replica``, ``rec.ttft_s`` and ``rec.queue_s``.
     """
     metrics = state.metrics
-    add_usage = body.stream and not body.client_wants_usage
     payloads: dict[str, bytes] = {}
     loop = asyncio.get_running_loop()
     reasons: list[str] = [plan.reason] if plan.reason == "tier-unavailable" else []
@@ -56,7 +57,9 @@ async def open_with_failover(
     # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
     route = plan.route
     if route is None:
-        route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
+        route = RouteRequest.from_doc(
+            body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
+        )
     for pool in plan.chain:
         if deadline is None:  # the first pool's total timeout bounds the whole request
             total_s = total_timeout_s(pool.config.timeouts.total_s, timeout_s)
@@ -66,7 +69,7 @@ async def open_with_failover(
         previous_tier = pool.tier
         served = pool.config.served_model_name
         if served not in payloads:
-            payloads[served] = upstream_body(body, served, add_usage=add_usage)
+            payloads[served] = protocol.upstream_body(body, served)
         pool.budget.record_request(loop.time())
         tried: list[Replica] = []
         for n in range(pool.config.retry.max_attempts):
@@ -111,7 +114,7 @@ async def open_with_failover(
                 pool=pool,
                 replica=replica,
                 payload=payloads[served],
-                path=path,
+                protocol=protocol,
                 request_id=rec.request_id,
                 stream=body.stream,
                 deadline=deadline,
