@@ -37,6 +37,7 @@ from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
 from gateway.protocols.registry import build_protocols, response_store
 from gateway.protocols.responses import ResponsesProtocol
+from gateway.protocols.responses_routes import add_response_routes
 from gateway.routing.pools import PoolRegistry
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
@@ -264,35 +265,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             out["tier"] = tier
         return out
 
-    @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(request: Request, response_id: str) -> Response:
-        """A stored Responses API response (``store`` true), for the key that made it."""
-        try:
-            caller = gate.authenticate(request.scope)
-            return _json(200, await responses.retrieve(response_id, caller and caller.id))
-        except GatewayError as e:
-            return _error(e)
-
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(request: Request, response_id: str) -> Response:
-        """Delete a stored response: ``{"id", "object": "response.deleted", "deleted": true}``."""
-        try:
-            caller = gate.authenticate(request.scope)
-            return _json(200, await responses.delete(response_id, caller and caller.id))
-        except GatewayError as e:
-            return _error(e)
-
-    @app.post("/v1/responses/{response_id}/cancel")
-    async def cancel_response(request: Request, response_id: str) -> Response:
-        """Cancel a response running on this gateway process (its replica is told, the
-        generation aborted)."""
-        try:
-            caller = gate.authenticate(request.scope)
-            upstream = holder["state"].upstream
-            doc = await responses.cancel(response_id, caller and caller.id, upstream)
-            return _json(200, doc)
-        except GatewayError as e:
-            return _error(e)
+    add_response_routes(app, gate.authenticate, responses.state, lambda: holder["state"].upstream)
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> Response:
