@@ -35,7 +35,12 @@ from gateway.errors import GatewayError
 from gateway.handler import Endpoint
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
-from gateway.protocols.registry import build_protocols, response_store
+from gateway.protocols.registry import (
+    build_protocols,
+    cancel_bus,
+    longest_deadline_s,
+    response_store,
+)
 from gateway.protocols.responses import ResponsesProtocol
 from gateway.protocols.responses_routes import add_response_routes
 from gateway.routing.pools import PoolRegistry
@@ -186,6 +191,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
                 await disc.resolve_once()
                 disc.start()
                 discoveries.append(disc)
+        bus = cancel_bus(config)  # cancels between gateway replicas (Redis)
+        responses.state.attach(upstream, bus, longest_deadline_s(config))
         await tokencount.warm_up(config.telemetry.usage_estimate_encoding)
         await telemetry.start()
         health.start()
@@ -206,6 +213,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             await usage.close()
             await gate.close()
             await responses_store.close()
+            if bus is not None:
+                await bus.stop()
 
     app = FastAPI(
         title="speedgate",
@@ -265,7 +274,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             out["tier"] = tier
         return out
 
-    add_response_routes(app, gate.authenticate, responses.state, lambda: holder["state"].upstream)
+    add_response_routes(app, gate.authenticate, responses.state)
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> Response:

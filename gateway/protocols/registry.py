@@ -12,6 +12,7 @@ from gateway.protocols.response_store import (
     ResponseStore,
 )
 from gateway.protocols.responses import ResponsesProtocol
+from gateway.protocols.responses_cancel import CancelBus
 
 
 def response_store(config: GatewayConfig) -> ResponseStore:
@@ -43,3 +44,19 @@ def build_protocols(store: ResponseStore) -> dict[str, Protocol]:
         CountTokensProtocol(),
     ]
     return {p.path: p for p in protocols}
+
+
+def cancel_bus(config: GatewayConfig) -> CancelBus | None:
+    """The cross-gateway cancel channel when ``state.redis_url`` is set, else None."""
+    if not config.state.redis_url:
+        return None
+    rc = config.responses
+    return CancelBus.from_url(
+        config.state.redis_url, timeout_s=rc.redis_timeout_s, prefix=rc.redis_prefix
+    )
+
+
+def longest_deadline_s(config: GatewayConfig) -> float:
+    """The longest total deadline of any pool (seconds): no request runs longer."""
+    return max(p.timeouts.total_s for m in config.models.values() for p in m.tiers.values())
+

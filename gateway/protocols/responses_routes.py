@@ -21,14 +21,10 @@ def _answer(status: int, body: bytes, headers: dict[str, str] | None = None) -> 
 
 
 def add_response_routes(
-    app: FastAPI,
-    authenticate: Callable[[Any], Any],
-    state: ResponsesState,
-    upstream: Callable[[], Any],
+    app: FastAPI, authenticate: Callable[[Any], Any], state: ResponsesState
 ) -> None:
     """Register the routes on ``app``. ``authenticate(scope)`` returns the caller's key (None
-    with auth off) or raises a 401; ``upstream()`` the gateway's upstream client (created in
-    the app's lifespan)."""
+    with auth off) or raises a 401."""
 
     def key_id(request: Request) -> str | None:
         key = authenticate(request.scope)
@@ -55,7 +51,7 @@ def add_response_routes(
         """Cancel a response running on this gateway process (its replica is told, the
         generation aborted)."""
         try:
-            doc = await state.cancel(response_id, key_id(request), upstream())
+            doc = await state.cancel(response_id, key_id(request))
             return _answer(200, orjson.dumps(doc))
         except GatewayError as e:
             return _answer(e.status, e.to_bytes(), e.headers())

@@ -14,7 +14,8 @@ on this process for ``POST /v1/responses/{id}/cancel``.
 - **Cancel**: aborts a response in flight here (its task is cancelled, the upstream
   connection closes, the engine stops) after telling its replica (vLLM's own cancel, best
   effort); the client of that request gets 409 ``response_cancelled`` (or an in-band ``error``
-  event if it streams).
+  event if it streams). With Redis, a cancel reaching another gateway process is passed to the
+  one running the response (``responses_cancel.CancelBus``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.protocols.base import Running
 from gateway.protocols.response_store import ResponseStore, StoreUnavailable
+from gateway.protocols.responses_cancel import CancelBus
 from gateway.protocols.responses_items import chat_view
 from gateway.relay.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
@@ -99,11 +101,28 @@ class Flight(Running):
 
 
 class ResponsesState:
-    """Stored responses (``store``) and the responses in flight on this process."""
+    """Stored responses (``store``) and the responses in flight on this process.
+    ``attach(upstream, bus, marker_ttl_s)`` in the app's lifespan: the upstream client tells a
+    replica about a cancel; the optional ``CancelBus`` passes cancels between gateway
+    processes, its markers expiring after ``marker_ttl_s`` (the longest request deadline)."""
 
     def __init__(self, store: ResponseStore) -> None:
         self.store = store
         self.flights: dict[str, Flight] = {}
+        self.upstream: Any = None
+        self.bus: CancelBus | None = None
+        self.marker_ttl_s = 3600.0
+
+    def attach(self, upstream: Any, bus: CancelBus | None, marker_ttl_s: float) -> None:
+        """Wire the upstream client and the cancel bus (which starts listening)."""
+        self.upstream, self.bus, self.marker_ttl_s = upstream, bus, marker_ttl_s
+        if bus is not None:
+            bus.start(self._cancel_here)
+
+    async def _cancel_here(self, response_id: str) -> None:
+        flight = self.flights.get(response_id)
+        if flight is not None:
+            await self._abort(flight)
 
     async def expand(self, body: ParsedBody, key_id: str | None) -> None:
         """Expand ``previous_response_id`` into the full input (``turn.full_input``,
@@ -147,6 +166,8 @@ class ResponsesState:
         turn: Turn = body.ext
         flight = Flight(turn.response_id, rec.key_id or "", body.doc["model"])
         self.flights[turn.response_id] = flight
+        if self.bus is not None:
+            self.bus.started(turn.response_id, flight.key, self.marker_ttl_s)
         try:
             yield flight
         except asyncio.CancelledError:
@@ -159,6 +180,8 @@ class ResponsesState:
             raise
         finally:
             self.flights.pop(turn.response_id, None)
+            if self.bus is not None:
+                self.bus.ended(turn.response_id)
 
     async def save(self, body: ParsedBody, key_id: str | None, final: dict[str, Any]) -> None:
         """Store a completed response (``store`` true); a store failure is logged (the client
@@ -206,25 +229,36 @@ class ResponsesState:
             raise StateUnavailable(str(e), retry_after_s=1) from None
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
-    async def cancel(self, response_id: str, key_id: str | None, upstream: Any) -> dict[str, Any]:
+    async def cancel(self, response_id: str, key_id: str | None) -> dict[str, Any]:
         """``POST /v1/responses/{id}/cancel``: a response running on this process is told to
-        its replica (best effort) and aborted here; a finished one is 400, an unknown one 404.
-        ``upstream``: the gateway's ``Upstream`` client."""
+        its replica (best effort) and aborted here; one running on another gateway process
+        (Redis marker, same key) is passed to it; a finished one is 400, an unknown one 404."""
+        key = key_id or ""
         flight = self.flights.get(response_id)
-        if flight is None or flight.key != (key_id or ""):
-            await self._record(response_id, key_id)
-            raise InvalidRequest(
-                f"Response '{response_id}' is not in progress; only a running response can be "
-                "cancelled.",
-                param="response_id",
-            )
-        if flight.replica is not None:
+        if flight is not None and flight.key == key:
+            await self._abort(flight)
+            return flight.object("cancelled")
+        if self.bus is not None and await self.bus.owner(response_id) == key:
+            try:
+                await self.bus.publish(response_id)
+            except Exception as e:
+                raise StateUnavailable(f"cancel not delivered: {e!r}", retry_after_s=1) from None
+            return {"id": response_id, "object": "response", "status": "cancelled",
+                    "output": [], "usage": None}
+        await self._record(response_id, key_id)
+        raise InvalidRequest(
+            f"Response '{response_id}' is not in progress; only a running response can be "
+            "cancelled.",
+            param="response_id",
+        )
+
+    async def _abort(self, flight: Flight) -> None:
+        if flight.replica is not None and self.upstream is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
-                    resp = await upstream.post(
-                        f"{flight.replica}/v1/responses/{response_id}/cancel", b"",
+                    resp = await self.upstream.post(
+                        f"{flight.replica}/v1/responses/{flight.response_id}/cancel", b"",
                         {"content-type": "application/json"}, 1.0,
                     )
                     resp.close()
         flight.cancel()
-        return flight.object("cancelled")

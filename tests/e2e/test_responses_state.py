@@ -2,10 +2,12 @@
 turns alternating between two gateway processes that share Redis, with the replica serving it
 restarted in the middle. vLLM would lose its own stored responses at the restart and never see
 the other replica's; here the gateway owns the state, so every turn expands, and the chain's
-session key keeps every turn on the replica holding its KV prefix."""
+session key keeps every turn on the replica holding its KV prefix. And a cancel that reaches
+the other gateway process is passed, through Redis, to the one running the response."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -15,6 +17,7 @@ import pytest
 import redis
 
 from tests.e2e.helpers import wait_for
+from tests.e2e.protocol_helpers import RESPONSES, parse_events
 from tests.e2e.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
@@ -93,3 +96,28 @@ def test_previous_response_id_chain_across_gateways_and_a_replica_restart(env):
         assert c.responses.retrieve(previous).id == previous
     keys = redis.Redis.from_url(REDIS_URL).keys(prefix + "resp:*")
     assert len(keys) == 5
+
+
+def test_cancel_reaches_the_gateway_running_the_response(env):
+    """A stream runs on the first gateway; its cancel arrives at the second, which passes it
+    on through Redis: the stream ends with the cancel error and the engine aborts."""
+    stack, second, _ = env
+    stack.reset_sims()
+    body = RESPONSES.body(stream=True, sim_faults={"chunks": ["x"] * 60, "chunk_interval_s": 0.2})
+    out: dict[str, bytes] = {}
+
+    def read() -> None:
+        with httpx.stream("POST", stack.base_url + "/v1/responses", json=body, timeout=30) as r:
+            out["raw"] = r.read()
+
+    t = threading.Thread(target=read)
+    t.start()
+    assert wait_for(lambda: stack.sim_requests(), timeout_s=5)
+    rid = stack.sim_requests()[-1]["body"]["request_id"]
+    assert wait_for(lambda: httpx.post(f"{second}/v1/responses/{rid}/cancel").status_code == 200,
+                    timeout_s=3)
+    t.join(10)
+    events = parse_events(out["raw"])
+    assert events[-1][0] == "error" and events[-1][1]["code"] == "response_cancelled"
+    assert wait_for(lambda: stack.sim_stats()["aborted"] == 1, timeout_s=3)
+    assert httpx.post(f"{second}/v1/responses/{rid}/cancel").status_code == 404  # ended
