@@ -8,7 +8,9 @@ import asyncio
 
 import orjson
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from gateway.config import TelemetryConfig
 from gateway.errors import GatewayError, NoHealthyReplica, UpstreamError, UpstreamTimeout
 from gateway.protocols.base import (
     CONTENT,
@@ -23,10 +25,13 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.errors import ANTHROPIC_ERRORS, RESPONSES_ERRORS
 from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
+from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
 from gateway.protocols.response_store import MemoryResponseStore
 from gateway.protocols.responses import ResponsesProtocol
 from gateway.relay.sse import SSEEvent
 from gateway.relay.stream import relay_events
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import Telemetry
 
 REWRITE = Rewrite("served", "client", "fast")
 
@@ -250,3 +255,19 @@ async def test_relay_ends_a_broken_messages_stream_with_an_anthropic_error_event
     assert not result.ok and result.events == 2 and result.usage.prompt == 3
     assert out.endswith(b"\n\n") and b"event: error\ndata: " in out
     assert b"message_stop" not in out
+
+
+def test_request_spans_name_each_protocols_operation():
+    exporter = InMemorySpanExporter()
+    tel = Telemetry(TelemetryConfig(), span_exporter=exporter)
+    protos = [ChatProtocol(), CompletionsProtocol(), responses(), MessagesProtocol(),
+              CountTokensProtocol()]
+    for p in protos:
+        tel.start_request([], p.operation, p.span_attributes()).finish(
+            RequestRecord("r", p.path, operation=p.operation, model="m", outcome="ok"))
+    got = [(s.name, s.attributes["gen_ai.operation.name"], s.attributes.get("openai.api.type"))
+           for s in exporter.get_finished_spans()]
+    assert got == [("chat m", "chat", "chat_completions"),
+                   ("text_completion m", "text_completion", None),
+                   ("chat m", "chat", "responses"), ("chat m", "chat", None),
+                   ("count_tokens m", "count_tokens", None)]
