@@ -204,3 +204,15 @@ def test_disconnect_aborts_streaming_after_first_token(stack: Stack, proto: Prot
                 break  # got the first token: close the connection now
     _assert_aborted_and_released(stack, before)
     assert stack.sim_stats()["completed"] == 0
+
+
+@pytest.mark.parametrize("proto", PROTOS, ids=IDS)
+def test_disconnect_aborts_streaming_before_first_token(stack: Stack, proto: Proto):
+    before = metric(stack, "speedgate_requests_total", status="499")
+    body = proto.body(stream=True, sim_faults={"ttft_delay_s": 30})
+    # the client leaves at 0.4 s, well before the gateway's own 1 s TTFT timeout would retry
+    with pytest.raises(httpx.ReadTimeout), httpx.stream(
+        "POST", stack.base_url + proto.path, json=body, timeout=httpx.Timeout(30, read=0.4)
+    ) as r:
+        r.read()
+    _assert_aborted_and_released(stack, before)
