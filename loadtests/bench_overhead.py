@@ -225,7 +225,7 @@ async def run_matrix(bench: Bench) -> list[dict[str, Any]]:
     for rep in range(a.repeats):
         order = TARGETS if rep % 2 == 0 else TARGETS[::-1]
         for api in a.apis:
-            for mode in MODES:
+            for mode in a.modes:
                 stream = mode == "stream"
                 body = APIS[api][1](MODEL, stream)
                 for conc in a.concurrency:
@@ -241,7 +241,7 @@ async def run_matrix(bench: Bench) -> list[dict[str, Any]]:
                         _progress(a, _line(f"{label} {target:7}", cell))
     rows = []
     for api in a.apis:
-        for mode in MODES:
+        for mode in a.modes:
             for conc in a.concurrency:
                 rows.append(_row(api, mode, conc, cells, gw_cpu))
     return rows
@@ -461,6 +461,7 @@ async def run_all(bench: Bench) -> dict[str, Any]:
             "repeats": a.repeats,
             "concurrency": a.concurrency,
             "apis": a.apis,
+            "modes": a.modes,
             "output_tokens": a.output_tokens,
             "body_mib": a.body_mib,
             "pin": bool(a.pin),
@@ -485,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--apis", nargs="+", choices=list(APIS), default=list(APIS),
                    help="client APIs to measure (default: chat responses messages)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                   help="non-stream and/or stream (default both)")
     p.add_argument("--output-tokens", type=int, default=64, help="completion length (tokens)")
     p.add_argument(
         "--body-mib",

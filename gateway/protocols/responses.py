@@ -219,6 +219,13 @@ class ResponsesProtocol(Protocol):
         return orjson.dumps(up)
 
     def head_kind(self, ev: SSEEvent) -> tuple[int, GatewayError | None]:
+        name = ev.event
+        if name is not None:  # the typed event line says it without a parse (the relay
+            kind_name = name.decode("latin-1")  # still parses each one it forwards)
+            if kind_name in _HEAD_FRAMES:
+                return HEAD_FRAME, None
+            if kind_name in DELTA_EVENTS:
+                return HEAD_CONTENT, None
         doc = json_object(ev.data or b"")
         if doc is None:
             return HEAD_MALFORMED, None
