@@ -142,14 +142,20 @@ def test_telemetry_equals_engine_usage(client: anthropic.Anthropic, stack: Stack
                              gen_ai_token_type=n, gen_ai_operation_name="chat")
               for t in PRICES for n in names}
     cost_before = {t: metric(stack, "speedgate_cost_usd_total", tier=t) for t in PRICES}
+    ttft_before = {t: metric(stack, "gen_ai_server_time_to_first_token_seconds_count", tier=t)
+                   for t in PRICES}
+    itl_before = {t: metric(stack, "gen_ai_client_operation_time_per_output_chunk_seconds_count",
+                            tier=t) for t in PRICES}
     long_user = [{"role": "user", "content": "the agent reads the repository file " * 120}]
     seen = {t: [0, 0, 0] for t in PRICES}
+    deltas = {}
     for tier, model in (("standard", MODEL), ("fast", f"{MODEL}-fast")):
         for i in range(3):
             kw = {"model": model, "max_tokens": 6, "messages": long_user,
                   "extra_headers": {"x-session-id": session}}
             if i == 2:
                 with client.messages.stream(**kw) as s:
+                    deltas[tier] = sum(e.type == "content_block_delta" for e in s)
                     u = s.get_final_message().usage
             else:
                 u = client.messages.create(**kw).usage
@@ -169,8 +175,29 @@ def test_telemetry_equals_engine_usage(client: anthropic.Anthropic, stack: Stack
                 + seen[t][1] * p["output_per_mtok_usd"]) / 1e6
         assert metric(stack, "speedgate_cost_usd_total", tier=t) - cost_before[t] == (
             pytest.approx(cost, rel=1e-6))
+        # one stream per tier: one TTFT sample, and a gap sample per content event but one
+        assert metric(stack, "gen_ai_server_time_to_first_token_seconds_count",
+                      tier=t) - ttft_before[t] == 1
+        assert metric(stack, "gen_ai_client_operation_time_per_output_chunk_seconds_count",
+                      tier=t) - itl_before[t] == deltas[t] - 1
+    assert "path=/v1/messages" in stack.log() and f"session_id={session}" in stack.log()
     totals = httpx.get(stack.base_url + "/v1/usage", params={"session_id": session}).json()
     assert totals["requests"] == 6
     assert totals["input_tokens"] == seen["standard"][0] + seen["fast"][0]
     assert totals["cached_input_tokens"] == seen["standard"][2] + seen["fast"][2]
     assert totals["output_tokens"] == seen["standard"][1] + seen["fast"][1]
+
+
+def test_auto_tier_and_header_tier(client: anthropic.Anthropic):
+    raw = client.messages.with_raw_response.create(model=f"{MODEL}-auto", max_tokens=4,
+                                                   messages=USER)
+    served = raw.headers["x-speedgate-tier"]
+    assert raw.headers["x-speedgate-auto-reason"]  # the auto tier decided, and says why
+    assert raw.parse().usage.service_tier == ("priority" if served == "fast" else "standard")
+    raw = client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=4, messages=USER, extra_headers={"x-speedgate-tier": "fast"})
+    assert raw.headers["x-speedgate-tier"] == "fast"
+    raw = client.messages.with_raw_response.create(
+        model=f"{MODEL}-fast", max_tokens=4, messages=USER,
+        extra_body={"service_tier": "standard_only"})
+    assert raw.headers["x-speedgate-tier"] == "fast"  # the alias wins over the body's hint

@@ -210,14 +210,21 @@ def test_telemetry_equals_engine_usage(oai: openai.OpenAI, stack: Stack):
                              gen_ai_token_type=n, gen_ai_operation_name="chat")
               for t in PRICES for n in names}
     cost_before = {t: metric(stack, "speedgate_cost_usd_total", tier=t) for t in PRICES}
+    ttft_before = {t: metric(stack, "gen_ai_server_time_to_first_token_seconds_count", tier=t)
+                   for t in PRICES}
+    itl_before = {t: metric(stack, "gen_ai_client_operation_time_per_output_chunk_seconds_count",
+                            tier=t) for t in PRICES}
     long_input = "the agent reads the repository file " * 120
     seen = {t: [0, 0, 0] for t in PRICES}
+    deltas = {}
     for tier, model in (("standard", MODEL), ("fast", f"{MODEL}-fast")):
         for i in range(3):
             kw = {"model": model, "input": long_input, "max_output_tokens": 6,
                   "extra_headers": {"x-session-id": session}}
             if i == 2:
-                r = list(oai.responses.create(stream=True, **kw))[-1].response
+                events = list(oai.responses.create(stream=True, **kw))
+                deltas[tier] = sum(e.type == "response.output_text.delta" for e in events)
+                r = events[-1].response
             else:
                 r = oai.responses.create(**kw)
             u = r.usage
@@ -237,6 +244,12 @@ def test_telemetry_equals_engine_usage(oai: openai.OpenAI, stack: Stack):
                 + seen[t][1] * p["output_per_mtok_usd"]) / 1e6
         assert metric(stack, "speedgate_cost_usd_total", tier=t) - cost_before[t] == (
             pytest.approx(cost, rel=1e-6))
+        # one stream per tier: one TTFT sample, and a gap sample per content event but one
+        assert metric(stack, "gen_ai_server_time_to_first_token_seconds_count",
+                      tier=t) - ttft_before[t] == 1
+        assert metric(stack, "gen_ai_client_operation_time_per_output_chunk_seconds_count",
+                      tier=t) - itl_before[t] == deltas[t] - 1
+    assert "path=/v1/responses" in stack.log() and f"session_id={session}" in stack.log()
     totals = httpx.get(stack.base_url + "/v1/usage", params={"session_id": session}).json()
     assert totals["requests"] == 6
     assert totals["input_tokens"] == seen["standard"][0] + seen["fast"][0]

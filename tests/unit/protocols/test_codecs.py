@@ -10,6 +10,7 @@ import orjson
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from gateway.admit.gate import estimate_tokens
 from gateway.config import TelemetryConfig
 from gateway.errors import GatewayError, NoHealthyReplica, UpstreamError, UpstreamTimeout
 from gateway.protocols.base import (
@@ -271,3 +272,21 @@ def test_request_spans_name_each_protocols_operation():
                    ("text_completion m", "text_completion", None),
                    ("chat m", "chat", "responses"), ("chat m", "chat", None),
                    ("count_tokens m", "count_tokens", None)]
+
+
+def test_rate_limit_estimates_count_each_apis_conversation_and_cap():
+    async def main():
+        msgs = MessagesProtocol().parse(
+            b'{"model":"m","max_tokens":100,"system":"' + b"word " * 50 + b'",'
+            b'"messages":[{"role":"user","content":"' + b"word " * 50 + b'"}]}')
+        resp = responses().parse(
+            b'{"model":"m","max_output_tokens":100,"instructions":"' + b"word " * 50 + b'",'
+            b'"input":"' + b"word " * 50 + b'"}')
+        chat = ChatProtocol().parse(
+            b'{"model":"m","max_tokens":100,"messages":[{"role":"system","content":"'
+            + b"word " * 50 + b'"},{"role":"user","content":"' + b"word " * 50 + b'"}]}')
+        got = [await estimate_tokens(b.conversation, "chat", len(b.raw), "cl100k_base")
+               for b in (msgs, resp, chat)]
+        assert got[0] == got[1] == got[2] > 200  # prompt (~100 words) + the 100-token cap
+
+    asyncio.run(main())
