@@ -205,9 +205,10 @@ class MessagesStream(StreamCodec):
 
 
 def _engine_error(doc: dict[str, Any]) -> UpstreamError:
+    """The client-facing error of an engine's ``error`` event (its message kept)."""
     inner = doc.get("error")
     message = inner.get("message") if isinstance(inner, dict) else None
-    return UpstreamError(f"engine error: {message if isinstance(message, str) else inner}")
+    return UpstreamError(f"engine error: {message if isinstance(message, str) else 'unknown'}")
 
 
 def _rewrite_message(message: dict[str, Any], rewrite: Rewrite) -> None:

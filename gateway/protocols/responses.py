@@ -90,9 +90,11 @@ def _rewrite_response(resp: dict[str, Any], rewrite: Rewrite, previous_id: str |
 
 
 def _engine_error(doc: dict[str, Any]) -> UpstreamError:
+    """The client-facing error of an engine's ``error`` event or failed response: its message
+    kept (never the rest of the document, which may hold output text)."""
     inner = doc.get("error") if isinstance(doc.get("error"), dict) else doc
-    message = inner.get("message") if isinstance(inner, dict) else None
-    return UpstreamError(f"engine error: {message if isinstance(message, str) else doc}")
+    message = inner.get("message")
+    return UpstreamError(f"engine error: {message if isinstance(message, str) else 'unknown'}")
 
 
 class ResponsesStream(StreamCodec):
