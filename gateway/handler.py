@@ -69,7 +69,7 @@ class Endpoint:
         raw_size = 0
         reservation: Reservation | None = None
         limit_headers: list[tuple[bytes, bytes]] = []
-        stream: list[StreamCodec] = []  # the codec, once the stream started
+        codecs: list[StreamCodec] = []  # the stream's codec, once it started
         try:
             # 1. admit (the key before reading the body; limits once the body is known)
             key = gate.authenticate(scope, rec) if gate is not None else None
@@ -112,7 +112,7 @@ class Endpoint:
                     # 4. relay
                     response_doc = opened.doc
                     final = await self._respond(
-                        send, plan, opened, body, rec, relayed, limit_headers, stream
+                        send, plan, opened, body, rec, relayed, limit_headers, codecs
                     )
                 finally:
                     opened.close()
@@ -128,7 +128,7 @@ class Endpoint:
                 rec.status = protocol.errors.status(e)
                 await self._send_error(send, e, rec, limit_headers)
             elif rec.stream:  # e.g. cancelled while streaming: one in-band error event
-                await end_stream_with_error(send, protocol, stream, e)
+                await end_stream_with_error(send, protocol, codecs, e)
         except Exception:
             log.exception("internal error on request %s", rec.request_id)
             rec.outcome = "internal_error"
@@ -137,12 +137,12 @@ class Endpoint:
                 rec.status = protocol.errors.status(err)
                 await self._send_error(send, err, rec, [])
             elif rec.stream:  # the stream started: end it with one in-band error event
-                await end_stream_with_error(send, protocol, stream, err)
+                await end_stream_with_error(send, protocol, codecs, err)
         except asyncio.CancelledError:  # server shutdown (past its grace period)
             rec.outcome = rec.outcome or "shutdown"
             if rec.response_started and rec.stream:
                 err = GatewayError("gateway shutting down", status=503, code="shutdown")
-                await end_stream_with_error(send, protocol, stream, err)
+                await end_stream_with_error(send, protocol, codecs, err)
             raise
         finally:
             # 5. account, then give back the rate-limit reservation with the actual usage
@@ -170,7 +170,7 @@ class Endpoint:
         rec: RequestRecord,
         relayed: list[bytes],
         limit_headers: list[tuple[bytes, bytes]],
-        stream: list[StreamCodec],
+        codecs: list[StreamCodec],
     ) -> dict[str, Any] | None:
         """Answer the client from ``opened``; the final response object sent (JSON body, or
         the stream's last one where the protocol has it; ``{}`` for a stream without one), or
@@ -192,7 +192,7 @@ class Endpoint:
         headers.append((b"x-speedgate-ttft-s", f"{opened.ttft_s:.4f}".encode()))
         assert opened.head is not None and opened.batches is not None
         codec = protocol.codec(body, rewrite)
-        stream.append(codec)
+        codecs.append(codec)
         rec.response_started, rec.status = True, 200
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
         rec.itl = GapTimer()
@@ -284,11 +284,12 @@ def usage_headers(
 
 
 async def end_stream_with_error(
-    send: Any, protocol: Protocol, stream: list[StreamCodec], err: GatewayError
+    send: Any, protocol: Protocol, codecs: list[StreamCodec], err: GatewayError
 ) -> None:
-    """Best effort: one in-band error event of the protocol's kind and the end of a started
-    SSE stream (the client may be gone already)."""
-    event = stream[0].error_event(err) if stream else protocol.error_event(err)
+    """Best effort: one in-band error event of the protocol's kind (from the stream's codec,
+    which numbers events where the protocol does) and the end of a started SSE stream (the
+    client may be gone already)."""
+    event = codecs[0].error_event(err) if codecs else protocol.error_event(err)
     try:
         await send({"type": "http.response.body", "body": event, "more_body": False})
     except Exception:

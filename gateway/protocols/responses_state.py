@@ -199,6 +199,8 @@ class ResponsesState:
             await self.store.put(record)
         except StoreUnavailable as e:
             log.warning("response %s not stored: %s", final["id"], e)
+        except Exception:  # never fail a request that was already answered
+            log.exception("response %s not stored", final["id"])
 
     async def _record(self, response_id: str, key_id: str | None) -> dict[str, Any]:
         try:
