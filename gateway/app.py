@@ -1,6 +1,7 @@
 """The FastAPI application: routes, lifespan (upstream client, health probes), request ids.
 
-The two hot-path routes are raw ASGI endpoints (``handler.CompletionsEndpoint``); the rest are
+The hot-path routes, one per client API (``gateway.protocols``), are raw ASGI endpoints
+(``handler.Endpoint``); the rest (models, health, metrics, usage, stored responses) are
 ordinary FastAPI routes. No compression middleware: ``text/event-stream`` is never compressed.
 """
 
@@ -9,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,16 +30,24 @@ from gateway.admit.control import build_admission
 from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
-from gateway.asgi import Scope, send_error
+from gateway.asgi import RequestIdMiddleware, Scope, request_id, send_error, send_response
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig, load_config
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.routes import install_console
 from gateway.console.state import ConsoleSources
 from gateway.errors import GatewayError
-from gateway.handler import CompletionsEndpoint
+from gateway.handler import Endpoint
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
+from gateway.protocols.registry import (
+    build_protocols,
+    cancel_bus,
+    longest_deadline_s,
+    response_store,
+)
+from gateway.protocols.responses import ResponsesProtocol
+from gateway.protocols.responses_routes import add_response_routes
 from gateway.routing.pools import PoolRegistry
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
@@ -58,51 +65,14 @@ from gateway.upstream.client import Upstream
 from gateway.upstream.discovery import DnsDiscovery
 from gateway.upstream.health import HealthChecker
 
-_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-
-
-def request_id(scope: Scope) -> str:
-    """The client's ``x-request-id`` when it is a sane token (≤ 128 of ``[A-Za-z0-9._:-]``),
-    else a new UUID4 hex."""
-    for k, v in scope["headers"]:
-        if k == b"x-request-id":
-            rid = v.decode("latin-1")
-            if _REQUEST_ID_OK.match(rid):
-                return rid
-            break
-    return uuid.uuid4().hex
-
-
-class RequestIdMiddleware:
-    """For the FastAPI routes: a request id in ``scope["speedgate.request_id"]`` and an
-    ``x-request-id`` header on every response (the hot path sets its own)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        rid = request_id(scope)
-        scope["speedgate.request_id"] = rid
-        rid_header = (b"x-request-id", rid.encode())
-
-        async def send_with_id(msg: dict[str, Any]) -> None:
-            if msg["type"] == "http.response.start":
-                msg["headers"] = [*msg.get("headers", ()), rid_header]
-            await send(msg)
-
-        await self.app(scope, receive, send_with_id)
-
 
 class SpeedgateApp:
-    """The outermost ASGI app. ``POST`` to a completions path goes straight to its raw
+    """The outermost ASGI app. ``POST`` to a protocol's path goes straight to its raw
     endpoint (no middleware layers on the per-token path); everything else, lifespan included,
     goes to the FastAPI app ``api``. A trailing slash names the same route (no redirects)."""
 
     def __init__(
-        self, api: FastAPI, hot: dict[str, CompletionsEndpoint], max_header_bytes: int = 32768
+        self, api: FastAPI, hot: dict[str, Endpoint], max_header_bytes: int = 32768
     ) -> None:
         self.api = api
         self.hot = hot
@@ -113,7 +83,16 @@ class SpeedgateApp:
             try:
                 check_headers(scope["headers"], self.max_header_bytes)
             except HeadersTooLarge as e:
-                await send_error(send, e, [(b"x-request-id", request_id(scope).encode())])
+                rid = request_id(scope)
+                endpoint = self.hot.get(scope["path"])
+                if endpoint is None:
+                    await send_error(send, e, [(b"x-request-id", rid.encode())])
+                    return
+                shape = endpoint.protocol.errors
+                await send_response(
+                    send, shape.status(e), shape.body(e, rid),
+                    [(b"x-request-id", rid.encode()), *shape.headers(e)],
+                )
                 return
             path = scope["path"]
             if len(path) > 1 and path.endswith("/"):
@@ -160,6 +139,10 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     admission = build_admission(config, pools)  # bands, pool queues, session budgets (issue 17)
     register_flow_metrics(admission.flow, metrics.registry)
     metrics.registry.register(admission.budgets.collector())
+    responses_store = response_store(config)  # Responses API state (issue 16)
+    protocols = build_protocols(responses_store)
+    responses = protocols["/v1/responses"]
+    assert isinstance(responses, ResponsesProtocol)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
@@ -192,6 +175,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
                 await disc.resolve_once()
                 disc.start()
                 discoveries.append(disc)
+        bus = cancel_bus(config)  # cancels between gateway replicas (Redis)
+        responses.state.attach(upstream, bus, longest_deadline_s(config))
         await tokencount.warm_up(config.telemetry.usage_estimate_encoding)
         await telemetry.start()
         health.start()
@@ -214,6 +199,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             if redis is not None:
                 await redis.close()
             await admission.close()
+            await responses_store.close()
+            if bus is not None:
+                await bus.stop()
 
     app = FastAPI(
         title="speedgate",
@@ -230,9 +218,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             return getattr(holder["state"], name)
 
     lazy: Any = _Lazy()
-    hot: dict[str, CompletionsEndpoint] = {}
-    for kind, path in (("chat", "/v1/chat/completions"), ("completion", "/v1/completions")):
-        hot[path] = CompletionsEndpoint(lazy, kind, gate)  # type: ignore[arg-type]
+    hot: dict[str, Endpoint] = {}
+    for path, protocol in protocols.items():
+        hot[path] = Endpoint(lazy, protocol, gate)
         # also a FastAPI route, so other methods get a proper 405
         app.router.routes.append(Route(path, hot[path], methods=["POST"]))
 
@@ -272,6 +260,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             out["parent"] = model_name
             out["tier"] = tier
         return out
+
+    add_response_routes(app, gate.authenticate, responses.state)
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> Response:

@@ -4,6 +4,8 @@ client going away. No per-chunk allocation beyond the message dict ASGI requires
 from __future__ import annotations
 
 import asyncio
+import re
+import uuid
 from types import TracebackType
 from typing import Any
 
@@ -135,3 +137,41 @@ class DisconnectWatch:
         if self.disconnected and exc_type is asyncio.CancelledError:
             if self._task.uncancel() == 0:
                 raise ClientDisconnected() from None
+
+
+_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def request_id(scope: Scope) -> str:
+    """The client's ``x-request-id`` when it is a sane token (≤ 128 of ``[A-Za-z0-9._:-]``),
+    else a new UUID4 hex."""
+    for k, v in scope["headers"]:
+        if k == b"x-request-id":
+            rid = v.decode("latin-1")
+            if _REQUEST_ID_OK.match(rid):
+                return rid
+            break
+    return uuid.uuid4().hex
+
+
+class RequestIdMiddleware:
+    """For the FastAPI routes: a request id in ``scope["speedgate.request_id"]`` and an
+    ``x-request-id`` header on every response (the hot path sets its own)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = request_id(scope)
+        scope["speedgate.request_id"] = rid
+        rid_header = (b"x-request-id", rid.encode())
+
+        async def send_with_id(msg: dict[str, Any]) -> None:
+            if msg["type"] == "http.response.start":
+                msg["headers"] = [*msg.get("headers", ()), rid_header]
+            await send(msg)
+
+        await self.app(scope, receive, send_with_id)

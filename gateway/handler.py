@@ -1,12 +1,14 @@
 """The path of one request, top-down: admit → plan → attempt → relay → account (DESIGN §1).
 
-``CompletionsEndpoint`` is a raw ASGI app serving ``/v1/chat/completions`` and
-``/v1/completions``: no response models, no per-chunk validation. Each step calls a small
-module: ``body`` (validate, rewrite owned fields), ``gate`` (key, entitlements, rate limits),
+``Endpoint`` is a raw ASGI app serving one client API (``/v1/chat/completions``,
+``/v1/completions``, ``/v1/responses``, ``/v1/messages``, ``/v1/messages/count_tokens``): no
+response models, no per-chunk validation. What differs between APIs is asked of the endpoint's
+``Protocol`` (``gateway.protocols``): reading the body, the fields it owns, its stream framing,
+usage and errors. Each step calls a small module: ``gate`` (key, entitlements, rate limits),
 ``admission`` (priority band, session budget, the queue of a saturated pool), ``tiers`` and
 ``plan`` (tier and fallback chain), ``failover`` (attempts on replicas and pools, with
-``attempt`` for one try with staged timeouts), ``relay`` (SSE and JSON relay), ``accounting``
-(usage, cost, metrics, trace, logs).
+``attempt`` for one try with staged timeouts), ``relay`` (SSE relay), ``accounting`` (usage,
+cost, metrics, trace, logs).
 """
 
 from __future__ import annotations
@@ -14,31 +16,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from gateway.admit.control import Ticket
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.params import check_sampling_params
 from gateway.admit.ratelimit import Reservation
-from gateway.asgi import (
-    ClientDisconnected,
-    DisconnectWatch,
-    Scope,
-    header,
-    read_body,
-    send_error,
-    send_response,
-)
+from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, read_body
 from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.config import Prices
 from gateway.errors import GatewayError, UnreadableResponse, UpstreamTimeout
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
-from gateway.plan.tiers import TIER_TO_SERVICE_TIER
-from gateway.relay.body import ParsedBody, parse_body
-from gateway.relay.stream import SSE_HEADERS, ChunkRewriter, error_event, relay_events
+from gateway.protocols.base import Protocol, Rewrite, StreamCodec
+from gateway.relay.body import ParsedBody
+from gateway.relay.stream import SSE_HEADERS, relay_events
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
 from gateway.telemetry.accounting import account
@@ -52,57 +46,67 @@ from gateway.upstream.failover import open_with_failover
 log = logging.getLogger("speedgate.handler")
 
 
-class CompletionsEndpoint:
-    """ASGI app for ``POST /v1/chat/completions`` (``kind="chat"``) and ``/v1/completions``."""
+class Endpoint:
+    """ASGI app for ``POST <protocol.path>``."""
 
-    def __init__(
-        self, state: GatewayState, kind: Literal["chat", "completion"], gate: Gate | None = None
-    ) -> None:
+    def __init__(self, state: GatewayState, protocol: Protocol, gate: Gate | None = None) -> None:
         self.state = state
-        self.kind = kind
+        self.protocol = protocol
         self.gate = gate  # API keys, entitlements, rate limits; None = open gateway
-        self.path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        self.path = protocol.path
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         """Serve one request; every exit path answers the client (or records 499) and is
         accounted once."""
-        state = self.state
-        rec = RequestRecord(request_id=scope.get("speedgate.request_id", ""), path=self.path)
+        state, protocol, gate = self.state, self.protocol, self.gate
+        rec = RequestRecord(
+            request_id=scope.get("speedgate.request_id", ""),
+            path=protocol.path,
+            operation=protocol.operation,
+        )
         rec.session_id = session_id_of(scope)
         trace = state.telemetry.start_request(
-            scope["headers"], "chat" if self.kind == "chat" else "text_completion"
+            scope["headers"], protocol.operation, protocol.span_attributes()
         )
         rec.trace_id = trace.trace_id
         body: ParsedBody | None = None
         relayed: list[bytes] = []
         response_doc: dict[str, Any] | None = None
         raw_size = 0
-        gate = self.gate
         reservation: Reservation | None = None
-        ticket: Ticket | None = None
         limit_headers: list[tuple[bytes, bytes]] = []
+        codecs: list[StreamCodec] = []  # the stream's codec, once it started
+        ticket: Ticket | None = None
         try:
             # 1. admit (the key before reading the body; limits once the body is known)
             key = gate.authenticate(scope, rec) if gate is not None else None
             raw = await read_body(scope, receive, state.config.server.max_body_bytes)
             raw_size = len(raw)
-            body = parse_body(raw, self.kind)
+            body = protocol.parse(raw)
             check_json_shape(body.doc, state.config.server.max_json_depth)
-            check_sampling_params(body.doc)  # a client's mistake never reaches a replica
+            if protocol.operation in ("chat", "text_completion"):
+                check_sampling_params(body.doc)  # a client's mistake never reaches a replica
             # 2. plan (restricted to the tiers the key is entitled to)
             treq = state.models.resolve(
-                body.doc["model"], header(scope, b"x-speedgate-tier"), body.doc.get("service_tier")
+                body.doc["model"],
+                header(scope, b"x-speedgate-tier"),
+                protocol.service_tier(body.doc),
+                default_only=protocol.default_tier_only,
             )
             allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
+            await protocol.prepare(body, rec.key_id)  # e.g. previous_response_id expanded
             if gate is not None:  # limits before any routing work (a refused request costs ~0)
-                reservation, limit_headers = await gate.reserve(key, body, self.kind, raw_size)
+                reservation, limit_headers = await gate.reserve(key, body, protocol, raw_size)
             # priority band and session budget (past its soft share auto takes the cheaper tier)
             ticket = await state.admission.enter(key, treq, allowed, scope, body, raw_size, rec)
             limit_headers = limit_headers + ticket.headers()
             # routing keys once (sessions scoped to the API key); auto weighs each pool's live
             # estimate for this request
-            route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
-            choice = await choose_auto(state.auto, treq, route, body.doc, allowed,
+            conversation = body.conversation
+            route = RouteRequest.from_doc(
+                conversation, rec.session_id or body.session_hint, scope=rec.key_id
+            )
+            choice = await choose_auto(state.auto, treq, route, conversation, allowed,
                                        ticket.over_soft_budget)
             plan = plan_request(treq, state.pools, allowed, choice)
             plan.route, rec.auto_choice = route, plan.auto
@@ -113,40 +117,48 @@ class CompletionsEndpoint:
                 header(scope, b"x-stainless-read-timeout"),
             )
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
-            async with DisconnectWatch(receive):
+            final: dict[str, Any] | None = None
+            async with DisconnectWatch(receive), protocol.running(body, rec) as run:
                 # a saturated pool: wait in its queue (band order, fair share) or be refused
                 left_s = await state.admission.wait(ticket, plan, timeouts.total_s, rec)
                 timeouts = replace(timeouts, total_s=left_s)
                 # 3. attempt
                 opened = await open_with_failover(
-                    state, plan, body, rec, trace, self.path, timeouts
+                    state, plan, body, protocol, rec, trace, timeouts
                 )
+                run.replica = opened.attempt.replica.url
                 try:
                     # 4. relay
                     response_doc = opened.doc
-                    await self._respond(send, plan, opened, body, rec, relayed, limit_headers)
+                    final = await self._respond(
+                        send, plan, opened, body, rec, relayed, limit_headers, codecs
+                    )
                 finally:
                     opened.close()
                     if opened.span is not None:
                         opened.span.end(rec.outcome or "error", status=rec.status)
+            if final is not None:
+                await protocol.finish(body, rec.key_id, final)  # e.g. store the response
         except ClientDisconnected:
             rec.status, rec.outcome = 499, "client_disconnected"
         except GatewayError as e:
             rec.outcome = rec.outcome or e.code or e.type
             if not rec.response_started:
-                rec.status = e.status
-                await send_error(send, e, self._headers(rec) + limit_headers)
+                rec.status = protocol.errors.status(e)
+                await self._send_error(send, e, rec, limit_headers)
+            elif rec.stream:  # e.g. cancelled while streaming: one in-band error event
+                await end_stream_with_error(send, protocol, codecs, e)
         except Exception:
             log.exception("internal error on request %s", rec.request_id)
             rec.outcome = "internal_error"
             err = GatewayError("internal gateway error", code="internal_error")
             if not rec.response_started:
-                rec.status = err.status
-                await send_error(send, err, self._headers(rec))
+                rec.status = protocol.errors.status(err)
+                await self._send_error(send, err, rec, [])
             elif rec.stream:  # the stream started: end it with one in-band error event
-                await end_stream_with_error(send, err)
+                await end_stream_with_error(send, protocol, codecs, err)
         except asyncio.CancelledError:  # server shutdown past its grace period (uvicorn cancels)
-            await self._cut_by_shutdown(send, rec)
+            await self._cut_by_shutdown(send, rec, codecs)
         finally:
             # 5. account, then give back the rate-limit reservation with the actual usage
             try:
@@ -154,8 +166,8 @@ class CompletionsEndpoint:
                     state,
                     rec,
                     trace,
-                    kind=self.kind,
-                    doc=body.doc if body is not None else None,
+                    protocol=protocol,
+                    doc=body.conversation if body is not None else None,
                     raw_size=raw_size,
                     relayed=relayed,
                     response_doc=response_doc,
@@ -167,24 +179,27 @@ class CompletionsEndpoint:
                 finally:  # the pool slot back, the session's budget settled at its cost
                     await state.admission.leave(ticket, rec)
 
-    async def _cut_by_shutdown(self, send: Any, rec: RequestRecord) -> None:
+    async def _cut_by_shutdown(
+        self, send: Any, rec: RequestRecord, codecs: list[StreamCodec]
+    ) -> None:
         """Documented behaviour, not a failure: past ``server.graceful_shutdown_s`` uvicorn
         cancels the requests still open. Each is answered (503 ``shutdown`` before headers, one
-        in-band error event on a started stream), logged on one WARNING line, and returns, so
-        the server logs no traceback; the task's cancellation is consumed."""
+        in-band error event of the protocol's kind on a started stream), logged on one WARNING
+        line, and returns, so the server logs no traceback; the task's cancellation is
+        consumed."""
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
         rec.outcome = rec.outcome or "shutdown"
         err = GatewayError("gateway shutting down", status=503, code="shutdown", retry_after_s=1)
         if not rec.response_started:
-            rec.status = err.status
+            rec.status = self.protocol.errors.status(err)
             try:
-                await send_error(send, err, self._headers(rec))
+                await self._send_error(send, err, rec, [])
             except Exception:
                 pass  # the client may be gone already
         elif rec.stream:
-            await end_stream_with_error(send, err)
+            await end_stream_with_error(send, self.protocol, codecs, err)
         log.warning("request %s cut short by shutdown (server.graceful_shutdown_s passed)",
                     rec.request_id)
 
@@ -197,26 +212,30 @@ class CompletionsEndpoint:
         rec: RequestRecord,
         relayed: list[bytes],
         limit_headers: list[tuple[bytes, bytes]],
-    ) -> None:
+        codecs: list[StreamCodec],
+    ) -> dict[str, Any] | None:
+        """Answer the client from ``opened``; the final response object sent (JSON body, or
+        the stream's last one where the protocol has it; ``{}`` for a stream without one), or
+        None when the stream failed."""
+        protocol = self.protocol
         pool = opened.attempt.pool
-        rewriter = ChunkRewriter(
-            pool.config.served_model_name,
-            plan.request.model_name,
-            "flex" if rec.flex and pool.tier == "standard" else TIER_TO_SERVICE_TIER[pool.tier],
-        )
+        rewrite = Rewrite(pool.config.served_model_name, plan.request.model_name, pool.tier,
+                          flex=rec.flex)
         headers = self._headers(rec) + limit_headers
         replica = opened.attempt.replica
         headers.append((b"x-speedgate-replica", replica.name.encode()))
         if not body.stream:
             assert opened.doc is not None
-            rec.set_usage(opened.doc.get("usage"))
+            rec.usage = protocol.json_usage(opened.doc)
             headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s, rec.flex)
-            payload = rewriter.body(opened.doc)
+            payload = protocol.rewrite_json(opened.doc, body, rewrite)
             rec.response_started, rec.status, rec.outcome = True, 200, "ok"
-            await send_response(send, 200, payload, headers)
-            return
+            await send_json(send, 200, payload, headers)
+            return opened.doc
         headers.append((b"x-speedgate-ttft-s", f"{opened.ttft_s:.4f}".encode()))
         assert opened.head is not None and opened.batches is not None
+        codec = protocol.codec(body, rewrite)
+        codecs.append(codec)
         rec.response_started, rec.status = True, 200
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
         rec.itl = GapTimer()
@@ -224,8 +243,7 @@ class CompletionsEndpoint:
             send,
             opened.head,
             opened.batches,
-            rewriter,
-            strip_usage=not body.client_wants_usage,
+            codec,
             stall_s=opened.attempt.stall_s,
             total_s=opened.attempt.total_s,
             deadline=opened.attempt.deadline,
@@ -236,20 +254,34 @@ class CompletionsEndpoint:
         rec.usage = result.usage
         if result.ok:
             rec.outcome = "ok"
-            return
+            return codec.final if codec.final is not None else {}
         assert result.error is not None
         rec.outcome = result.error.code
         if isinstance(result.error, UpstreamTimeout):
             self.state.metrics.record_timeout(pool, result.error.stage)
             if result.error.stage == "total":
-                return  # the deadline expired: not the replica's fault
+                return None  # the deadline expired: not the replica's fault
         if isinstance(result.error, UnreadableResponse):
-            return  # deterministic (an oversized event): not the replica's health
+            return None  # deterministic (an oversized event): not the replica's health
         pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
+        return None
+
+    async def _send_error(
+        self,
+        send: Any,
+        err: GatewayError,
+        rec: RequestRecord,
+        extra: list[tuple[bytes, bytes]],
+    ) -> None:
+        shape = self.protocol.errors
+        headers = self._headers(rec) + extra + shape.headers(err)
+        await send_json(send, shape.status(err), shape.body(err, rec.request_id), headers)
 
     @staticmethod
     def _headers(rec: RequestRecord) -> list[tuple[bytes, bytes]]:
-        out: list[tuple[bytes, bytes]] = [(b"x-request-id", rec.request_id.encode())]
+        rid = rec.request_id.encode()
+        # ``request-id`` is the header Anthropic's SDKs read; OpenAI's read ``x-request-id``
+        out: list[tuple[bytes, bytes]] = [(b"x-request-id", rid), (b"request-id", rid)]
         if rec.served_tier:
             out.append((b"x-speedgate-tier", rec.served_tier.encode()))
         if rec.fallback:
@@ -266,6 +298,24 @@ def session_id_of(scope: Scope) -> str | None:
     the routing tables, the ledger, the auto tier, usage totals and the logs keep."""
     raw = header(scope, b"x-session-id")
     return bounded_id(raw) if raw is not None else None
+
+
+async def send_json(
+    send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Send a complete JSON response with ``headers`` (lower-case byte pairs)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def usage_headers(
@@ -288,10 +338,14 @@ def usage_headers(
     return out
 
 
-async def end_stream_with_error(send: Any, err: GatewayError) -> None:
-    """Best effort: one in-band error event and the end of a started SSE stream (the client
-    may be gone already)."""
+async def end_stream_with_error(
+    send: Any, protocol: Protocol, codecs: list[StreamCodec], err: GatewayError
+) -> None:
+    """Best effort: one in-band error event of the protocol's kind (from the stream's codec,
+    which numbers events where the protocol does) and the end of a started SSE stream (the
+    client may be gone already)."""
+    event = codecs[0].error_event(err) if codecs else protocol.error_event(err)
     try:
-        await send({"type": "http.response.body", "body": error_event(err), "more_body": False})
+        await send({"type": "http.response.body", "body": event, "more_body": False})
     except Exception:
         pass

@@ -53,6 +53,24 @@ def chat_body(model: str, stream: bool, max_tokens: int | None = None) -> bytes:
     return orjson.dumps(doc)
 
 
+def responses_body(model: str, stream: bool) -> bytes:
+    """The same small request as ``chat_body`` for the Responses API, pre-encoded."""
+    return orjson.dumps({
+        "model": model, "instructions": "You are a helpful assistant.",
+        "input": "Write a short poem about load balancers.", "stream": stream,
+    })
+
+
+def messages_body(model: str, stream: bool, max_tokens: int = 1024) -> bytes:
+    """The same small request as ``chat_body`` for Anthropic Messages (``max_tokens`` is
+    required there; the simulator still stops at its natural length), pre-encoded."""
+    return orjson.dumps({
+        "model": model, "system": "You are a helpful assistant.", "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "Write a short poem about load balancers."}],
+        "stream": stream,
+    })
+
+
 def long_chat_body(model: str, mib: float, max_tokens: int = 16) -> bytes:
     """A long agent-style conversation of about ``mib`` MiB of JSON (~4 KiB per message)."""
     para = "The quick brown fox jumps over the lazy dog, then reads the build log again. " * 60
@@ -139,11 +157,17 @@ def aiohttp_request(
     body: bytes,
     stream: bool,
     headers: dict[str, str] | None = None,
+    *,
+    body_marker: bytes = b'"choices"',
+    end_marker: bytes = b"data: [DONE]",
 ) -> RequestFn:
     """A request function for ``closed_loop``: POST ``body`` and read the whole response
-    (every SSE chunk when ``stream``); checks status 200 and a complete body. ``headers`` are
-    sent besides ``Content-Type`` (e.g. ``Authorization``)."""
+    (every SSE chunk when ``stream``); checks status 200 and a complete body: a JSON answer
+    containing ``body_marker``, a stream containing ``end_marker`` (its last event: chat's
+    ``[DONE]``, ``event: response.completed``, ``event: message_stop``). ``headers`` are sent
+    besides ``Content-Type`` (e.g. ``Authorization``)."""
     hdrs = {**JSON_HEADERS, **(headers or {})}
+    keep = len(end_marker)
 
     async def one() -> tuple[float, float | None] | str:
         t0 = time.perf_counter()
@@ -153,17 +177,20 @@ def aiohttp_request(
                 return f"http {r.status}"
             if not stream:
                 data = await r.read()
-                if b'"choices"' not in data:
+                if body_marker not in data:
                     return "bad body"
                 return time.perf_counter() - t0, None
             first: float | None = None
             tail = b""
+            ended = False
             async for chunk in r.content.iter_any():
                 if first is None:
                     first = time.perf_counter() - t0
-                tail = (tail + chunk)[-64:]
-            if b"data: [DONE]" not in tail:
-                return "no [DONE]"
+                window = tail + chunk
+                ended = ended or end_marker in window
+                tail = window[-keep:]
+            if not ended:
+                return "no last event"
             return time.perf_counter() - t0, first
 
     return one

@@ -9,12 +9,15 @@ process is the load generator (uvloop + one lean aiohttp session per cell, close
 does not share an event loop with the servers. ``--pin`` pins the load generator to one core and
 the servers to the others (``os.sched_setaffinity``).
 
-For each mode (non-streaming chat; streaming chat, reading the whole SSE stream) and
+For each API (``--apis``: chat completions, the Responses API, Anthropic Messages; the same
+small request in each), each mode (non-streaming; streaming, reading the whole SSE stream) and
 concurrency, the direct and the gateway run alternate (their order flips every round) and the
 whole matrix is repeated ``--repeats`` times so that the machine's noise hits both. The table
 shows medians over rounds of: requests/s, per-cell p50/p99 latency, streaming time to first
 byte p50, the gateway/direct rps ratio, the p50 latency the gateway adds, and the gateway's CPU
-time per request (from ``/proc``; ~1e6/rps µs means the gateway is CPU-bound on one core).
+time per request (from ``/proc``; ~1e6/rps µs means the gateway is CPU-bound on one core) and,
+for the Responses and Messages rows, that CPU time relative to chat's in the same mode and
+concurrency.
 
 Large bodies (``--body-mib``, default 5; 0 skips): a second simulator (model ``bench-large``,
 context limit raised) receives long conversations of that size, so their engine-side parsing
@@ -59,8 +62,10 @@ from loadtests._common import (
     install_loop,
     long_chat_body,
     median,
+    messages_body,
     new_session,
     raise_on_sigterm,
+    responses_body,
     start_gateway,
     start_sim,
     stop_processes,
@@ -70,6 +75,12 @@ MODEL = "bench"
 LARGE_MODEL = "bench-large"
 TARGETS = ("direct", "gateway")
 MODES = ("non-stream", "stream")
+# API -> (path, body builder, JSON answer marker, last stream event marker)
+APIS: dict[str, tuple[str, Any, bytes, bytes]] = {
+    "chat": ("/v1/chat/completions", chat_body, b'"choices"', b"data: [DONE]"),
+    "responses": ("/v1/responses", responses_body, b'"output"', b"event: response.completed"),
+    "messages": ("/v1/messages", messages_body, b'"content"', b"event: message_stop"),
+}
 
 
 class Bench:
@@ -152,18 +163,22 @@ class Bench:
         stop_processes(self.procs)
         self.tmp.cleanup()
 
-    def url(self, target: str, large: bool = False) -> str:
+    def url(self, target: str, large: bool = False, api: str = "chat") -> str:
+        path = APIS[api][0]
         if target == "gateway":
-            return self.gw_url + "/v1/chat/completions"
-        return (self.large_sim_url if large else self.sim_url) + "/v1/chat/completions"
+            return self.gw_url + path
+        return (self.large_sim_url if large else self.sim_url) + path
 
 
 async def measure(
-    bench: Bench, url: str, body: bytes, stream: bool, conc: int, duration_s: float
+    bench: Bench, url: str, body: bytes, stream: bool, conc: int, duration_s: float,
+    api: str = "chat",
 ) -> tuple[Cell, float | None]:
     """One cell at ``url`` (after a warm-up) and the gateway's CPU seconds spent during it."""
+    _, _, body_marker, end_marker = APIS[api]
     async with new_session() as session:
-        req = aiohttp_request(session, url, body, stream)
+        req = aiohttp_request(session, url, body, stream, body_marker=body_marker,
+                              end_marker=end_marker)
         await closed_loop(req, conc, bench.args.warmup)
         cpu0 = cpu_seconds(bench.gw_pid)
         cell = await closed_loop(req, conc, duration_s)
@@ -205,46 +220,59 @@ def _line(label: str, cell: Cell) -> str:
 
 async def run_matrix(bench: Bench) -> list[dict[str, Any]]:
     a = bench.args
-    cells: dict[tuple[str, int, str], list[Cell]] = {}
-    gw_cpu: dict[tuple[str, int], list[float]] = {}
+    cells: dict[tuple[str, str, int, str], list[Cell]] = {}
+    gw_cpu: dict[tuple[str, str, int], list[float]] = {}
     for rep in range(a.repeats):
         order = TARGETS if rep % 2 == 0 else TARGETS[::-1]
-        for mode in MODES:
-            stream = mode == "stream"
-            body = chat_body(MODEL, stream)
-            for conc in a.concurrency:
-                for target in order:
-                    cell, cpu = await measure(
-                        bench, bench.url(target), body, stream, conc, a.duration
-                    )
-                    cells.setdefault((mode, conc, target), []).append(cell)
-                    if target == "gateway" and cpu is not None and cell.ok:
-                        gw_cpu.setdefault((mode, conc), []).append(cpu / cell.ok * 1e6)
-                    _progress(
-                        a,
-                        _line(
-                            f"  round {rep + 1}/{a.repeats} {mode:10} c={conc:<3} {target:7}", cell
-                        ),
-                    )
+        for api in a.apis:
+            for mode in a.modes:
+                stream = mode == "stream"
+                body = APIS[api][1](MODEL, stream)
+                for conc in a.concurrency:
+                    for target in order:
+                        cell, cpu = await measure(
+                            bench, bench.url(target, api=api), body, stream, conc, a.duration,
+                            api,
+                        )
+                        cells.setdefault((api, mode, conc, target), []).append(cell)
+                        if target == "gateway" and cpu is not None and cell.ok:
+                            gw_cpu.setdefault((api, mode, conc), []).append(cpu / cell.ok * 1e6)
+                        label = f"  round {rep + 1}/{a.repeats} {api:9} {mode:10} c={conc:<3}"
+                        _progress(a, _line(f"{label} {target:7}", cell))
     rows = []
-    for mode in MODES:
-        for conc in a.concurrency:
-            d = _agg(cells[(mode, conc, "direct")])
-            g = _agg(cells[(mode, conc, "gateway")])
-            cpu_us = gw_cpu.get((mode, conc))
-            rows.append({
-                "mode": mode,
-                "concurrency": conc,
-                "direct": d,
-                "gateway": g,
-                "rps_ratio_gateway_over_direct": (
-                    round(g["rps"] / d["rps"], 3) if d["rps"] else None
-                ),
-                "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
-                "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
-                "gateway_cpu_us_per_request": round(median(cpu_us), 1) if cpu_us else None,
-            })  # fmt: skip
+    for api in a.apis:
+        for mode in a.modes:
+            for conc in a.concurrency:
+                rows.append(_row(api, mode, conc, cells, gw_cpu))
     return rows
+
+
+def _row(
+    api: str,
+    mode: str,
+    conc: int,
+    cells: dict[tuple[str, str, int, str], list[Cell]],
+    gw_cpu: dict[tuple[str, str, int], list[float]],
+) -> dict[str, Any]:
+    d = _agg(cells[(api, mode, conc, "direct")])
+    g = _agg(cells[(api, mode, conc, "gateway")])
+    cpu_us = gw_cpu.get((api, mode, conc))
+    chat_cpu = gw_cpu.get(("chat", mode, conc))
+    cpu_vs_chat = (
+        round(median(cpu_us) / median(chat_cpu), 3) if cpu_us and chat_cpu else None
+    )
+    return {
+        "api": api,
+        "mode": mode,
+        "concurrency": conc,
+        "direct": d,
+        "gateway": g,
+        "rps_ratio_gateway_over_direct": round(g["rps"] / d["rps"], 3) if d["rps"] else None,
+        "added_p50_ms": round(g["p50_ms"] - d["p50_ms"], 3),
+        "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
+        "gateway_cpu_us_per_request": round(median(cpu_us), 1) if cpu_us else None,
+        "gateway_cpu_vs_chat": cpu_vs_chat,
+    }
 
 
 async def run_large(bench: Bench) -> dict[str, Any]:
@@ -333,9 +361,9 @@ def print_report(result: dict[str, Any]) -> None:
         f"pin={s['pin']} access_log={s['access_log']} cpus={s['cpus']} Python {s['python']}"
     )
     head = (
-        f"{'mode':10} {'conc':>4} | {'direct rps':>10} {'gw rps':>8} {'ratio':>5} | "
+        f"{'api':9} {'mode':10} {'conc':>4} | {'direct rps':>10} {'gw rps':>8} {'ratio':>5} | "
         f"{'p50 d':>7} {'p50 gw':>7} {'+p50':>6} | {'p99 d':>7} {'p99 gw':>7} | "
-        f"{'ttfb d':>6} {'ttfb gw':>7} | {'gw cpu/req':>10} | err d/gw"
+        f"{'ttfb d':>6} {'ttfb gw':>7} | {'gw cpu/req':>10} {'vs chat':>7} | err d/gw"
     )
     print(head)
     print("-" * len(head))
@@ -346,11 +374,14 @@ def print_report(result: dict[str, Any]) -> None:
         cpu = r["gateway_cpu_us_per_request"]
         cpu_s = f"{cpu:8.0f}us" if cpu is not None else f"{'-':>10}"
         ratio = r["rps_ratio_gateway_over_direct"]
+        vs = r["gateway_cpu_vs_chat"]
+        vs_s = f"{vs:7.2f}" if vs is not None and r["api"] != "chat" else f"{'-':>7}"
         print(
-            f"{r['mode']:10} {r['concurrency']:>4} | {d['rps']:>10.1f} {g['rps']:>8.1f} "
+            f"{r['api']:9} {r['mode']:10} {r['concurrency']:>4} | {d['rps']:>10.1f} "
+            f"{g['rps']:>8.1f} "
             f"{ratio if ratio is not None else float('nan'):>5.2f} | "
             f"{d['p50_ms']:>7.2f} {g['p50_ms']:>7.2f} {r['added_p50_ms']:>+6.2f} | "
-            f"{d['p99_ms']:>7.2f} {g['p99_ms']:>7.2f} | {ttfb_d} {ttfb_g} | {cpu_s} | "
+            f"{d['p99_ms']:>7.2f} {g['p99_ms']:>7.2f} | {ttfb_d} {ttfb_g} | {cpu_s} {vs_s} | "
             f"{sum(d['errors'].values())}/{sum(g['errors'].values())}"
         )
     print(
@@ -408,7 +439,7 @@ def collect_errors(result: dict[str, Any]) -> dict[str, dict[str, int]]:
     for r in result["rows"]:
         for t in TARGETS:
             if r[t]["errors"]:
-                out[f"{t}/{r['mode']}/c={r['concurrency']}"] = r[t]["errors"]
+                out[f"{t}/{r['api']}/{r['mode']}/c={r['concurrency']}"] = r[t]["errors"]
     lg = result.get("large")
     if lg:
         for t in TARGETS:
@@ -429,6 +460,8 @@ async def run_all(bench: Bench) -> dict[str, Any]:
             "warmup_s": a.warmup,
             "repeats": a.repeats,
             "concurrency": a.concurrency,
+            "apis": a.apis,
+            "modes": a.modes,
             "output_tokens": a.output_tokens,
             "body_mib": a.body_mib,
             "pin": bool(a.pin),
@@ -451,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=0.3, help="warm-up seconds per cell")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--apis", nargs="+", choices=list(APIS), default=list(APIS),
+                   help="client APIs to measure (default: chat responses messages)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                   help="non-stream and/or stream (default both)")
     p.add_argument("--output-tokens", type=int, default=64, help="completion length (tokens)")
     p.add_argument(
         "--body-mib",

@@ -1,4 +1,6 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions``: one handler, top-down.
+"""The generation endpoints (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``,
+``/v1/messages``; ``engines.sim.apis`` describes each): one handler, top-down, plus Anthropic's
+``/v1/messages/count_tokens``.
 
 parse -> record -> faults (crash, headers delay, status) -> validate (``params``: ``stop`` and
 ``n`` as vLLM checks them) -> tokenise -> plan ->
@@ -18,13 +20,14 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from engines.sim import protocol as P
+from engines.sim.apis import CHAT, COMPLETION, MESSAGES, RESPONSES, Api
 from engines.sim.engine import Job
 from engines.sim.faults import Faults
+from engines.sim.messages_api import SchemaError, count_tokens_body
+from engines.sim.messages_api import to_chat as messages_to_chat
 from engines.sim.params import InvalidParam, check_n, check_stop
 from engines.sim.plans import Plan, make_plans
-from engines.sim.request import RequestContext
-from engines.sim.responder import respond_full, respond_stream
+from engines.sim.request import RequestContext, RequestError
 from engines.sim.sse import ConnectionReset
 from engines.sim.state import STATE, SimState
 from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat
@@ -32,38 +35,71 @@ from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat
 THREAD_THRESHOLD_CHARS = 200_000  # tokenise larger prompts in a worker thread
 
 
-class RequestError(Exception):
-    """A client error answered with a vLLM-shaped error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 type_: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.type_ = status, message, param, type_
-
-
 def error_response(state: SimState, faults: Faults | None, status: int, message: str,
                    param: str | None = None, type_: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    """A vLLM error response (nested, or flat with ``--legacy-error-shape``)."""
+                   headers: dict[str, str] | None = None, api: Api = CHAT) -> web.Response:
+    """A vLLM error response in ``api``'s shape (OpenAI: nested, or flat with
+    ``--legacy-error-shape``; Anthropic for ``/v1/messages``)."""
     flat = state.config.legacy_error_shape
     if faults is not None and faults.error_shape is not None:
         flat = faults.error_shape == "flat"
-    body = P.error_body(message, status, flat=flat, type_=type_, param=param)
+    body = api.error_body(message, status, flat=flat, type_=type_, param=param)
     return web.Response(status=status, body=body, content_type="application/json",
                         headers=headers)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/chat/completions``."""
-    return await _handle(request, chat=True)
+    return await handle(request, CHAT)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``."""
-    return await _handle(request, chat=False)
+    return await handle(request, COMPLETION)
 
 
-async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
+async def responses(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses``."""
+    return await handle(request, RESPONSES)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/messages``."""
+    return await handle(request, MESSAGES)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """``POST /v1/messages/count_tokens``: the prompt's tokens as the engine would count them
+    (the same rendering as ``/v1/messages``); the replica faults ``status`` and
+    ``headers_delay_s`` apply."""
+    state = request.app[STATE]
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        state.record(request, None)
+        return error_response(state, None, 400, f"Invalid JSON in request body: {e}")
+    state.record(request, body)
+    faults = state.faults
+    if faults.headers_delay_s:
+        await asyncio.sleep(faults.headers_delay_s)
+    if faults.status is not None:
+        msg = faults.error_message or f"Simulated error {faults.status}"
+        return error_response(state, faults, faults.status, msg, api=MESSAGES)
+    try:
+        if not isinstance(body, dict):
+            raise SchemaError("Request body must be a JSON object", "body")
+        chat_body = messages_to_chat(body, need_max_tokens=False)
+        chat_body["max_tokens"] = None
+        prompts, _ = await _prepare(state, chat_body, faults, True)
+    except RequestError as e:
+        api = CHAT if isinstance(e, SchemaError) else MESSAGES
+        return error_response(state, faults, e.status, e.message, param=e.param, api=api)
+    return web.Response(body=count_tokens_body(prompts[0].num_tokens),
+                        content_type="application/json")
+
+
+async def handle(request: web.Request, api: Api) -> web.StreamResponse:
+    """Serve one generation request of ``api`` (module docstring)."""
     state = request.app[STATE]
     try:
         body = orjson.loads(await request.read())
@@ -73,6 +109,7 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
     entry = state.record(request, body)
     if not isinstance(body, dict):
         return error_response(state, None, 400, "Request body must be a JSON object")
+    chat = api.chat
     try:
         own = body.get("sim_faults")
         faults = state.faults.merged(Faults.model_validate(own) if own is not None else None)
@@ -91,19 +128,20 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
                 headers = {"Retry-After": str(int(ra)) if ra == int(ra) else str(ra)}
             msg = faults.error_message or f"Simulated error {faults.status}"
             return error_response(state, faults, faults.status, msg, type_=faults.error_type,
-                                  headers=headers)
+                                  headers=headers, api=api)
         if not state.ready:
-            return error_response(state, faults, 503, "The engine is still loading.")
+            return error_response(state, faults, 503, "The engine is still loading.", api=api)
         try:
-            prompts, plans = await _prepare(state, body, faults, chat)
+            prompts, plans = await _prepare(state, api.to_chat(body), faults, chat)
         except RequestError as e:
+            shape = CHAT if isinstance(e, SchemaError) else api
             return error_response(state, faults, e.status, e.message, param=e.param,
-                                  type_=e.type_)
+                                  type_=e.type_, api=shape)
         try:
             priority = _priority(state, body)
         except RequestError as e:
             return error_response(state, faults, e.status, e.message, param=e.param,
-                                  type_=e.type_)
+                                  type_=e.type_, api=api)
         deliveries: AsyncIterator[list[tuple[int, int, bool]]]
         if faults.chunk_interval_s is not None:
             deliveries = _clock(plans, faults.chunk_interval_s)
@@ -113,12 +151,12 @@ async def _handle(request: web.Request, chat: bool) -> web.StreamResponse:
                 pr = prompts[pl.index // (len(plans) // len(prompts))]
                 job.add(pl.index, pr.num_tokens, pr.block_hashes, pl.tokens)
             deliveries = _engine_outputs(state, job, len(plans))
-        ctx = RequestContext(state, chat, prompts, plans, job, faults, body)
+        ctx = RequestContext(state, chat, prompts, plans, job, faults, body, rid=api.rid(body))
         if body.get("stream"):
-            resp = await respond_stream(request, ctx, deliveries)
+            resp = await api.stream(request, ctx, deliveries)
         else:
             try:
-                resp = await respond_full(request, ctx, deliveries)
+                resp = await api.full(request, ctx, deliveries)
             except ConnectionReset:  # the connection is gone; nothing reaches the client
                 resp = web.Response(status=502)
         entry["completed"] = not ctx.reset

@@ -27,6 +27,7 @@ class Plan:
     finish: str
     scripted: bool
     pos: int = 0  # items already emitted
+    limit: int = 0  # the output cap it was planned under (max_tokens, or the room left)
 
     @property
     def tokens(self) -> int:
@@ -113,8 +114,10 @@ def make_plans(
     for p, prompt in enumerate(prompts):
         for i in range(n):
             idx = p * n + i
-            plans.append(_plan(idx, body, prompt, i, max_tokens[p], natural_tokens, faults,
-                               gen, tool, stop_list, ignore_eos))
+            plan = _plan(idx, body, prompt, i, max_tokens[p], natural_tokens, faults, gen, tool,
+                         stop_list, ignore_eos)
+            plan.limit = max_tokens[p]
+            plans.append(plan)
     return plans
 
 

@@ -23,8 +23,11 @@ Deliveries = AsyncIterator[list[tuple[int, int, bool]]]
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
-def _events(plan: Plan, items: list[tuple[str, str]], done: bool) -> list[tuple[str, str]]:
-    """Events for newly delivered ``items``: scripted items one each, model text coalesced."""
+def delivered_events(
+    plan: Plan, items: list[tuple[str, str]], done: bool
+) -> list[tuple[str, str]]:
+    """Events for newly delivered ``items``: scripted items one each, model text coalesced;
+    a finished choice with nothing new gets one empty content item."""
     if plan.scripted:
         evs = list(items)
     else:
@@ -93,7 +96,7 @@ async def respond_stream(request: web.Request, ctx: RequestContext, deliveries: 
                 pl = plans[idx]
                 items = pl.items[pl.pos : pl.pos + n]
                 pl.pos += n
-                evs = _events(pl, items, done)
+                evs = delivered_events(pl, items, done)
                 last = len(evs) - 1
                 for j, (kind, text) in enumerate(evs):
                     finish = pl.finish if done and j == last else None
@@ -109,10 +112,12 @@ async def respond_stream(request: web.Request, ctx: RequestContext, deliveries: 
     return resp
 
 
-async def respond_full(
+async def collect(
     request: web.Request, ctx: RequestContext, deliveries: Deliveries
-) -> web.Response:
-    """Wait for every choice and answer one JSON body; stream faults act on the whole body."""
+) -> web.Response | None:
+    """Wait for every choice of a non-streamed request, then apply the stream faults to the
+    whole body: a stall, a reset (raises ``ConnectionReset``), a malformed body (returned).
+    None: answer normally."""
     faults, plans = ctx.faults, ctx.plans
     try:
         if faults.ttft_delay_s:
@@ -131,6 +136,17 @@ async def respond_full(
         raise ConnectionReset
     if faults.malformed_after_chunks is not None:
         return web.Response(body=MALFORMED[len(b"data: ") :], content_type="application/json")
+    return None
+
+
+async def respond_full(
+    request: web.Request, ctx: RequestContext, deliveries: Deliveries
+) -> web.Response:
+    """Wait for every choice and answer one JSON body; stream faults act on the whole body."""
+    faulty = await collect(request, ctx, deliveries)
+    if faulty is not None:
+        return faulty
+    plans = ctx.plans
     if ctx.chat:
         choices = [_chat_choice(pl) for pl in plans]
         body = P.chat_response(ctx.rid, ctx.created, ctx.model, choices, ctx.usage())

@@ -1,7 +1,9 @@
 """The aiohttp application: OpenAI endpoints, health, metrics, and the ``/sim`` control plane.
 
 Endpoints (vLLM's paths and shapes): ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models``, ``GET /health`` (200 empty; 503 during ``--slow-start-s``), ``GET /metrics``.
+``POST /v1/responses`` (``GET /v1/responses/{id}`` and ``.../cancel``: 404, nothing is stored),
+``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``, ``GET /health``
+(200 empty; 503 during ``--slow-start-s``), ``GET /metrics``.
 Test/inspection: ``GET /sim/requests`` (last 32 requests received), ``POST|DELETE /sim/faults``
 (replica fault script), ``GET /sim/stats``, ``POST /sim/reset``.
 
@@ -24,7 +26,14 @@ from pydantic import ValidationError
 
 from engines.procs import write_port_file
 from engines.sim import protocol as P
-from engines.sim.completions import chat_completions, completions, error_response
+from engines.sim.completions import (
+    chat_completions,
+    completions,
+    count_tokens,
+    error_response,
+    messages,
+    responses,
+)
 from engines.sim.config import SimConfig
 from engines.sim.faults import NO_FAULTS, Faults
 from engines.sim.metrics import CONTENT_TYPE
@@ -45,6 +54,14 @@ async def crash_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 def _json(data: object, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def response_not_stored(request: web.Request) -> web.Response:
+    """``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``: vLLM 0.32 without
+    ``VLLM_ENABLE_RESPONSES_API_STORE`` stores nothing, so every id is 404."""
+    rid = request.match_info["response_id"]
+    return error_response(request.app[STATE], None, 404, f"Response with id '{rid}' not found.",
+                          param="response_id")
 
 
 async def health(request: web.Request) -> web.Response:
@@ -128,6 +145,11 @@ def build_app(config: SimConfig) -> web.Application:
     r = app.router
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_post("/v1/completions", completions)
+    r.add_post("/v1/responses", responses)
+    r.add_get("/v1/responses/{response_id}", response_not_stored)
+    r.add_post("/v1/responses/{response_id}/cancel", response_not_stored)
+    r.add_post("/v1/messages", messages)
+    r.add_post("/v1/messages/count_tokens", count_tokens)
     r.add_get("/v1/models", models)
     r.add_get("/health", health)
     r.add_get("/metrics", metrics)

@@ -1,4 +1,5 @@
-"""SSE event writer: ``data: {json}\\n\\n`` framing, with the stream faults applied.
+"""SSE event writer: ``data: {json}\\n\\n`` framing (with an ``event: <type>`` line first for the
+Responses and Messages APIs), with the stream faults applied.
 
 The plain path writes each event as one HTTP chunk. Fault paths (see :mod:`engines.sim.faults`):
 CRLF framing, a JSON split over two ``data:`` lines, ``: keepalive`` comments, TCP writes cut
@@ -46,20 +47,21 @@ class EventWriter:
         self._eol = b"\r\n" if faults.crlf else b"\n"
         self._sep = self._eol * 2
 
-    async def event(self, payload: bytes) -> None:
-        """Write one non-content event (role chunk, usage chunk)."""
+    async def event(self, payload: bytes, name: bytes | None = None) -> None:
+        """Write one non-content event (role chunk, usage chunk, ``response.created``...);
+        ``name``: its ``event:`` type line, when the API has one."""
         if self.plain:
-            await self.resp.write(b"data: " + payload + b"\n\n")
+            await self.resp.write(_head(name, b"\n") + b"data: " + payload + b"\n\n")
         else:
-            await self._write_framed(payload)
+            await self._write_framed(payload, name=name)
 
-    async def content(self, payload: bytes) -> None:
+    async def content(self, payload: bytes, name: bytes | None = None) -> None:
         """Write one content event, then apply the counted faults."""
         if self.plain:
-            await self.resp.write(b"data: " + payload + b"\n\n")
+            await self.resp.write(_head(name, b"\n") + b"data: " + payload + b"\n\n")
             self.content_events += 1
             return
-        await self._write_framed(payload)
+        await self._write_framed(payload, name=name)
         self.content_events += 1
         await self.after_content()
 
@@ -83,18 +85,22 @@ class EventWriter:
                 transport.abort()
             raise ConnectionReset
 
-    async def _write_framed(self, payload: bytes, split: bool = True) -> None:
+    async def _write_framed(
+        self, payload: bytes, split: bool = True, name: bytes | None = None
+    ) -> None:
         f, eol = self.faults, self._eol
         if f.comments:
             await self.resp.write(b": keepalive" + self._sep)
+        head = _head(name, eol)
         if f.multiline_data and split:
             cut = payload.find(b',"') + 1
             if cut > 0:
-                frame = b"data: " + payload[:cut] + eol + b"data: " + payload[cut:] + self._sep
+                frame = head + b"data: " + payload[:cut] + eol + b"data: " + payload[cut:]
+                frame += self._sep
             else:
-                frame = b"data: " + payload + self._sep
+                frame = head + b"data: " + payload + self._sep
         else:
-            frame = b"data: " + payload + self._sep
+            frame = head + b"data: " + payload + self._sep
         if f.utf8_split:
             cuts = utf8_cuts(frame)
             if cuts:
@@ -106,3 +112,7 @@ class EventWriter:
                 await self.resp.write(frame[start:])
                 return
         await self.resp.write(frame)
+
+
+def _head(name: bytes | None, eol: bytes) -> bytes:
+    return b"" if name is None else b"event: " + name + eol

@@ -133,15 +133,16 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self._by_hash)
 
-    def authenticate(self, authorization: str | None) -> ApiKey:
-        """The key named by an ``Authorization: Bearer <key>`` header value.
+    def authenticate(self, authorization: str | None, api_key: str | None = None) -> ApiKey:
+        """The key named by an ``Authorization: Bearer <key>`` header value or, without one,
+        by an ``x-api-key`` header value (``api_key``: how Anthropic's SDKs send it).
 
-        Raises ``AuthenticationError``: code ``missing_api_key`` without a bearer token,
+        Raises ``AuthenticationError``: code ``missing_api_key`` without either,
         ``invalid_api_key`` when it matches no key. Messages never repeat the token."""
-        token = bearer_token(authorization)
+        token = presented_key(authorization, api_key)
         if token is None:
             raise AuthenticationError(
-                "Missing API key: send it as 'Authorization: Bearer <key>'.",
+                "Missing API key: send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
                 code="missing_api_key",
             )
         key = self._by_hash.get(hash_key(token)) if len(token) <= MAX_KEY_CHARS else None
@@ -159,6 +160,15 @@ def bearer_token(authorization: str | None) -> str | None:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         return None
+    return token
+
+
+def presented_key(authorization: str | None, api_key: str | None) -> str | None:
+    """The key a request presents: the ``Bearer`` token of ``Authorization`` (OpenAI's SDKs),
+    else the ``x-api-key`` value (Anthropic's SDKs), stripped; None when neither is there."""
+    token = bearer_token(authorization)
+    if token is None and api_key is not None:
+        token = api_key.strip() or None
     return token
 
 

@@ -3,8 +3,9 @@
 ``Gate`` is what the handler calls, in this order:
 
 1. ``authenticate(scope, rec)`` before the body is read (a bad key costs no body read): 401;
+   the key comes from ``Authorization: Bearer`` (OpenAI SDKs) or ``x-api-key`` (Anthropic's);
 2. ``entitle(key, treq, rec)`` after tier resolution: 403, or the tiers the planner may use;
-3. ``reserve(key, body, kind, raw_size)`` after planning: 429 (or 503 fail-closed), else a
+3. ``reserve(key, body, protocol, raw_size)`` after planning: 429 (or 503 fail-closed), else a
    ``Reservation`` and the ``x-ratelimit-*`` headers for the response;
 4. ``release(reservation, rec)`` exactly once after accounting, on every exit path
    (disconnects included), with the request's actual usage.
@@ -24,9 +25,9 @@ from gateway.admit.auth import (
     AuthenticationError,
     KeyRing,
     PermissionDenied,
-    bearer_token,
     check_request,
     fingerprint,
+    presented_key,
 )
 from gateway.admit.ratelimit import (
     Limiter,
@@ -40,6 +41,7 @@ from gateway.asgi import Scope, header
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
 from gateway.plan.tiers import TierRequest
+from gateway.protocols.base import Protocol
 from gateway.relay.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import count_prompt_async
@@ -97,10 +99,11 @@ class Gate:
         if not self.keyring.enabled:
             return None
         authorization = header(scope, b"authorization")
+        api_key = header(scope, b"x-api-key")
         try:
-            key = self.keyring.authenticate(authorization)
+            key = self.keyring.authenticate(authorization, api_key)
         except AuthenticationError as e:
-            token = bearer_token(authorization)
+            token = presented_key(authorization, api_key)
             self.audit.event(
                 "auth_failed",
                 code=e.code,
@@ -141,10 +144,12 @@ class Gate:
         self,
         key: ApiKey | None,
         body: ParsedBody,
-        kind: Literal["chat", "completion"],
+        protocol: Protocol,
         raw_size: int,
     ) -> tuple[Reservation | None, list[tuple[bytes, bytes]]]:
         """Reserve the key's limits for this request: ``(reservation, response headers)``.
+        Tokens are estimated on the body's chat-shaped conversation; a protocol that generates
+        nothing (token counting) reserves a request only.
 
         Raises ``RateLimited`` (429 + Retry-After + ``x-ratelimit-*``) or, fail-closed with
         Redis down, ``LimiterUnavailable`` (503)."""
@@ -154,9 +159,12 @@ class Gate:
         if not (limits.requests_per_min or limits.tokens_per_min or limits.concurrent):
             return None, []
         tokens = 0
-        if limits.tokens_per_min:
+        if limits.tokens_per_min and protocol.generates:
             tokens = await estimate_tokens(
-                body.doc, kind, raw_size, self.config.telemetry.usage_estimate_encoding
+                body.conversation,
+                protocol.count_kind,  # type: ignore[arg-type]
+                raw_size,
+                self.config.telemetry.usage_estimate_encoding,
             )
         decision, reservation = await self.limiter.reserve(key.id, limits, tokens)
         if reservation is None:

@@ -26,6 +26,7 @@ from gateway.config.server import (
     AuthConfig,
     HealthConfig,
     RateLimitConfig,
+    ResponsesConfig,
     ServerConfig,
     StateConfig,
     UpstreamConfig,
@@ -53,6 +54,7 @@ class GatewayConfig(BaseSettings):
     console: ConsoleConfig = ConsoleConfig()
     flow_control: FlowControlConfig = FlowControlConfig()
     budgets: BudgetConfig = BudgetConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     models: dict[str, ModelConfig] = Field(min_length=1)
 
     @model_validator(mode="after")

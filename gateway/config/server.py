@@ -170,3 +170,32 @@ class RateLimitConfig(_Strict):
     fail_mode: Literal["open", "closed"] = "open"
     slot_ttl_s: float = Field(3600.0, gt=0)
     redis_prefix: str = "speedgate:rl:"
+
+
+class ResponsesConfig(_Strict):
+    """State of the Responses API (``/v1/responses``), owned by the gateway so engines stay
+    stateless: each stored response (``store`` true, the API's default) keeps its turn's input
+    items, its output and the response object, so ``previous_response_id`` can be expanded into
+    the full conversation on any replica and ``GET``/``DELETE /v1/responses/{id}`` answered.
+    With ``state.redis_url`` the records are in Redis (every gateway replica sees them), else in
+    this process's memory (LRU)."""
+
+    store_ttl_s: float = Field(
+        86400.0,
+        gt=0,
+        description="seconds a stored response is kept after its last use; every "
+        "previous_response_id lookup renews its whole chain",
+    )
+    max_response_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="a response whose record (turn input + output + object) is larger is not "
+        "stored (logged); a later previous_response_id naming it gets 404",
+    )
+    memory_max_responses: int = Field(
+        10_000, ge=1, description="in-memory store only: responses kept (least recent evicted)"
+    )
+    redis_prefix: str = "speedgate:resp:"
+    redis_timeout_s: float = Field(
+        1.0, gt=0, description="per-call Redis timeout of the response store (records are MiB)"
+    )

@@ -47,12 +47,19 @@ class ModelIndex:
                 self._by_name[alias] = (name, model, tier)
 
     def resolve(
-        self, model_field: str, header_tier: str | None, service_tier: object
+        self,
+        model_field: str,
+        header_tier: str | None,
+        service_tier: object,
+        *,
+        default_only: bool = False,
     ) -> TierRequest:
         """Resolve the body's ``model`` and the tier hints into a ``TierRequest``.
 
-        Raises ``ModelNotFound`` (404) for an unknown model and ``InvalidRequest`` (400) for an
-        invalid ``x-speedgate-tier`` header or ``service_tier`` value.
+        ``default_only``: ignore every hint and use the model's default tier (a request that
+        needs any replica of the model, e.g. token counting). Raises ``ModelNotFound`` (404) for
+        an unknown model and ``InvalidRequest`` (400) for an invalid ``x-speedgate-tier`` header
+        or ``service_tier`` value.
         """
         entry = self._by_name.get(model_field)
         if entry is None:
@@ -60,6 +67,9 @@ class ModelIndex:
                 f"The model `{model_field}` does not exist.", param="model"
             )
         name, model, alias_tier = entry
+        if default_only:
+            tier = model.default_tier if model.default_tier != "auto" else "standard"
+            return TierRequest(name, model, tier, "default")
         if header_tier is not None:
             value = header_tier.strip().lower()
             if value not in _HEADER_VALUES:

@@ -1,8 +1,10 @@
-"""The request body on its way in and the engine's answer on its way out.
+"""The request body on its way in and the engine's answer on its way out, for any protocol.
 
-- ``body``: ``parse_body`` → ``ParsedBody`` (the fields the gateway reads) and ``upstream_body``
-  (the client's bytes with ``model`` and usage options spliced in, never re-serialised);
+- ``body``: ``ParsedBody`` (the fields the gateway reads, the chat-shaped ``conversation``),
+  the chat/completions ``parse_body`` and ``upstream_body`` (the client's bytes with ``model``
+  and usage options spliced in, never re-serialised) and ``splice_model``;
 - ``sse``: ``SSEParser`` (whole events from a byte stream) and ``encode_event``;
-- ``stream``: ``relay_events`` (event by event, unbuffered), ``ChunkRewriter`` (model name,
-  ``service_tier``, usage stripping), ``error_event`` and ``SSE_HEADERS``.
+- ``stream``: ``relay_events`` (event by event, unbuffered, each event rewritten and classified
+  by the protocol's ``StreamCodec``, see ``gateway.protocols``), ``StreamResult`` and
+  ``SSE_HEADERS``.
 """

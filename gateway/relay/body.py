@@ -25,10 +25,24 @@ _MODEL_KEY = re.compile(rb'(?<=[{,\s])"model"\s*:\s*')
 
 @dataclass(slots=True)
 class ParsedBody:
-    """A validated request body. ``doc`` is the parsed JSON object, ``raw`` the bytes received."""
+    """A validated request body. ``doc`` is the parsed JSON object, ``raw`` the bytes received.
+
+    ``view``: the conversation in chat shape (``messages``, ``tools``, ``max_tokens``) for
+    routing keys, token estimates and the auto tier, when the API's own shape differs (None:
+    ``doc`` is that shape already; read it through ``conversation``). ``session_hint``: a
+    session key the protocol derived (e.g. a Responses chain), used when the client sent no
+    ``x-session-id``. ``ext``: the protocol's own per-request state."""
 
     raw: bytes
     doc: dict[str, Any]
+    view: dict[str, Any] | None = None
+    session_hint: str | None = None
+    ext: Any = None
+
+    @property
+    def conversation(self) -> dict[str, Any]:
+        """The chat-shaped document for routing and estimates (``view`` or ``doc``)."""
+        return self.view if self.view is not None else self.doc
 
     @property
     def stream(self) -> bool:
@@ -113,6 +127,12 @@ def upstream_body(
         start = raw.index(b"{") + 1
         raw = raw[:start] + b'"priority":' + str(int(priority)).encode() + b"," + raw[start:]
     return raw
+
+
+def splice_model(raw: bytes, old: str, new: str) -> bytes | None:
+    """``raw`` with the one top-level-or-nested ``"model"`` value ``old`` replaced by ``new``,
+    or None when that is not provably exact (several ``model`` keys, escaped differently)."""
+    return _splice_model(raw, old, new)
 
 
 def _splice_model(raw: bytes, old: str, new: str) -> bytes | None:

@@ -1,11 +1,11 @@
-"""Relay of engine responses to the client: SSE events one by one, unbuffered, and JSON bodies.
+"""Relay of an engine's stream to the client: SSE events one by one, unbuffered, for any
+protocol (the protocol's ``StreamCodec`` rewrites each event and says what it is).
 
-Each event is parsed once (to tell content, usage and in-band errors apart) and forwarded with
-byte splices. Usage is read wherever the engine puts it (its own chunk, the finish chunk, every
-chunk); when the gateway asked for usage on the client's behalf no relayed chunk carries it:
-the usage-only chunk is dropped and a ``usage`` field on any other chunk removed. The relay
-never invents ``finish_reason`` or ``[DONE]``: a stream cut after it started ends with one
-in-band ``data: {"error": {...}}`` event and no ``[DONE]``.
+The relay never invents an ending (``finish_reason``, ``[DONE]``, ``response.completed``,
+``message_stop``): a stream cut after it started ends with one in-band error event of the
+protocol's own kind. Usage is read wherever the engine puts it (the codec's concern: for
+OpenAI streams its own chunk, the finish chunk or every chunk); when the gateway asked for
+usage on the client's behalf no relayed event carries it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UnreadableResponse, UpstreamError, UpstreamTimeout
-from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
+from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, StreamCodec
+from gateway.relay.sse import SSEEvent
 from gateway.telemetry.histograms import GapTimer
 from gateway.upstream.client import UpstreamBrokenError, UpstreamUnreadable
 
@@ -30,49 +29,11 @@ SSE_HEADERS: list[tuple[bytes, bytes]] = [
 ]
 
 
-_MISSING = object()
-
-
-class ChunkRewriter:
-    """Rewrites engine JSON chunks for the client: ``model`` back to the client-facing name and
-    ``service_tier`` set to the tier that served. Byte splices, no parse."""
-
-    __slots__ = ("_model_new", "_model_old", "_tier_prefix", "client_model", "service_tier")
-
-    def __init__(self, served_model: str, client_model: str, service_tier: str) -> None:
-        self.client_model = client_model
-        self.service_tier = service_tier
-        self._model_old = b'"model":' + orjson.dumps(served_model)
-        self._model_new = b'"model":' + orjson.dumps(client_model)
-        self._tier_prefix = b'{"service_tier":' + orjson.dumps(service_tier) + b","
-
-    def chunk(self, data: bytes, doc: dict[str, Any]) -> bytes:
-        """Rewrite one SSE data payload whose parsed form is ``doc``: byte splices in the
-        common case (compact JSON as vLLM writes it), re-serialised otherwise."""
-        if self._model_old != self._model_new and doc.get("model") is not None:
-            spliced = data.replace(self._model_old, self._model_new, 1)
-            if spliced is data or spliced == data:
-                return self.body(doc)
-            data = spliced
-        tier = doc.get("service_tier", _MISSING)
-        if tier is _MISSING:
-            return self._tier_prefix + data[1:]
-        if tier != self.service_tier:
-            return self.body(doc)
-        return data
-
-    def body(self, doc: dict[str, Any]) -> bytes:
-        """Rewrite a non-streaming response document and serialise it."""
-        if "model" in doc:
-            doc["model"] = self.client_model
-        doc["service_tier"] = self.service_tier
-        return orjson.dumps(doc)
-
-
 @dataclass(slots=True)
 class StreamResult:
-    """How a relayed stream ended: ``ok`` (saw ``[DONE]``), its ``usage`` if the engine sent
-    one, the ``error`` sent in-band otherwise, and the number of events relayed."""
+    """How a relayed stream ended: ``ok`` (its protocol's last event seen), its ``usage`` if
+    the engine sent one, the ``error`` sent in-band otherwise, and the number of content
+    events relayed."""
 
     ok: bool = False
     usage: Usage | None = None
@@ -80,26 +41,12 @@ class StreamResult:
     events: int = 0
 
 
-def engine_error(doc: dict[str, Any]) -> UpstreamError:
-    """The client-facing error for an engine's in-band ``{"error": {...}}`` event (its
-    message kept, type ``server_error``, code ``upstream_error``)."""
-    inner = doc.get("error")
-    message = inner.get("message") if isinstance(inner, dict) else None
-    return UpstreamError(f"engine error: {message if isinstance(message, str) else inner}")
-
-
-def error_event(err: GatewayError) -> bytes:
-    """An in-band SSE error event carrying the OpenAI error object."""
-    return encode_event(err.to_bytes())
-
-
 async def relay_events(
     send: Any,
     head: list[SSEEvent],
     batches: AsyncIterator[list[SSEEvent]],
-    rewriter: ChunkRewriter,
+    codec: StreamCodec,
     *,
-    strip_usage: bool,
     stall_s: float,
     total_s: float,
     deadline: float,
@@ -109,6 +56,7 @@ async def relay_events(
     """Send the ``head`` events (read before the attempt was committed) and every following
     batch of events to the client as soon as it is complete: one write per upstream read.
 
+    ``codec`` (the protocol's, for this stream) rewrites each event and classifies it.
     ``stall_s``: longest allowed gap between upstream reads that complete events (seconds);
     ``deadline``: loop time at which the total deadline (``total_s``) expires. On a broken
     upstream, a stall or the deadline, sends one in-band error event and returns (the caller
@@ -121,46 +69,30 @@ async def relay_events(
 
     def frame(events: list[SSEEvent], out: list[bytes]) -> bool:
         """Append the client bytes of ``events`` to ``out``; True once the stream is over:
-        ``[DONE]`` seen (``result.ok``), or an engine error event / malformed event
-        (``result.error``, its event appended)."""
+        its last event seen (``result.ok``), or an engine error / malformed event
+        (``result.error``, its error event appended)."""
         now = loop.time()
         for ev in events:
-            data = ev.data
-            if data is None:
+            if ev.data is None:
                 continue
-            if ev.is_done:
-                out.append(DONE_EVENT)
+            verdict, data = codec.event(ev)
+            if verdict == CONTENT:
+                result.events += 1
+                if itl is not None:
+                    itl.tick(now)
+                if relayed is not None:
+                    relayed.append(ev.data)
+            elif verdict == SKIP:
+                continue
+            elif verdict == DONE:
+                out.append(data)
                 result.ok = True
                 return True
-            try:
-                doc = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                doc = None
-            if not isinstance(doc, dict):
-                result.error = UpstreamError("engine sent a malformed event mid-stream")
-                out.append(error_event(result.error))
+            elif verdict == ERROR:
+                result.error = codec.error
+                out.append(data)
                 return True
-            choices = doc.get("choices")
-            if "error" in doc and not choices:
-                result.error = engine_error(doc)
-                out.append(error_event(result.error))
-                return True
-            usage = doc.get("usage")
-            if usage is not None:
-                # the usage chunk (``choices: []``), or usage on the finish chunk (servers other
-                # than vLLM) or on every chunk (vLLM's continuous_usage_stats): the last wins
-                result.usage = Usage.from_openai(usage) or result.usage
-                if strip_usage:  # the gateway asked for it: the client sees none of it
-                    if not choices:
-                        continue
-                    del doc["usage"]
-                    data = orjson.dumps(doc)
-            result.events += 1
-            if itl is not None:
-                itl.tick(now)
-            if relayed is not None:
-                relayed.append(data)
-            out.append(encode_event(rewriter.chunk(data, doc)))
+            out.append(data)
         return False
 
     async def flush(out: list[bytes]) -> None:
@@ -174,17 +106,17 @@ async def relay_events(
         done = frame(head, out)
         await flush(out)
         if done:
-            return result
+            return _finish(result, codec)
         async with asyncio.timeout_at(when) as cm:
             async for batch in batches:
                 out = []
                 done = frame(batch, out)
                 await flush(out)
                 if done:
-                    return result
+                    return _finish(result, codec)
                 when = min(loop.time() + stall_s, deadline)
                 cm.reschedule(when)
-        result.error = UpstreamError("upstream stream ended without [DONE]")
+        result.error = UpstreamError("upstream stream ended before its last event")
     except UpstreamBrokenError as e:
         result.error = UpstreamError(f"upstream connection broke mid-stream ({e})")
     except UpstreamUnreadable as e:  # deterministic (e.g. an oversized event): not the replica
@@ -195,5 +127,13 @@ async def relay_events(
             result.error = UpstreamTimeout("total", total_s)
         else:
             result.error = UpstreamTimeout("stall", stall_s)
-    await send({"type": "http.response.body", "body": error_event(result.error), "more_body": True})
+    event = codec.error_event(result.error)
+    await send({"type": "http.response.body", "body": event, "more_body": True})
+    return _finish(result, codec)
+
+
+def _finish(result: StreamResult, codec: StreamCodec) -> StreamResult:
+    result.usage = codec.usage
+    if result.error is None and codec.error is not None:
+        result.error, result.ok = codec.error, False
     return result

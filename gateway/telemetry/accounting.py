@@ -9,15 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from gateway.state import GatewayState
 from gateway.telemetry.access_log import log_access
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tokencount import completion_text, estimate_usage, response_text
+from gateway.telemetry.tokencount import estimate_usage
 from gateway.telemetry.tracing import RequestTrace
 from gateway.telemetry.usage_store import UsageDelta
+
+if TYPE_CHECKING:
+    from gateway.protocols.base import Protocol
 
 log = logging.getLogger("speedgate.accounting")
 
@@ -27,23 +30,28 @@ async def account(
     rec: RequestRecord,
     trace: RequestTrace,
     *,
-    kind: Literal["chat", "completion"],
+    protocol: Protocol,
     doc: dict[str, Any] | None,
     raw_size: int,
     relayed: list[bytes],
     response_doc: dict[str, Any] | None,
 ) -> None:
-    """Finish ``rec`` and record it everywhere. ``doc``: the parsed request (None when it
-    never parsed); ``relayed``: the stream payloads sent to the client; ``response_doc``: the
-    JSON response sent. Never raises (a failure here is logged, the request is already
-    answered)."""
+    """Finish ``rec`` and record it everywhere. ``doc``: the request's chat-shaped conversation
+    (``ParsedBody.conversation``; None when it never parsed), counted with the ``protocol``'s
+    rule when the engine reported no usage; ``relayed``: the stream payloads sent to the
+    client; ``response_doc``: the JSON response sent. Never raises (a failure here is logged,
+    the request is already answered)."""
     rec.e2e_s = time.monotonic() - rec.t_start
     try:
-        if rec.served_tier and rec.usage is None and doc is not None:
-            output = completion_text(relayed) if rec.stream else response_text(response_doc or {})
+        if rec.served_tier and rec.usage is None and doc is not None and protocol.generates:
+            output = (
+                protocol.output_text(relayed)
+                if rec.stream
+                else protocol.json_output_text(response_doc or {})
+            )
             rec.usage = await estimate_usage(
                 doc,
-                kind,
+                protocol.count_kind,  # type: ignore[arg-type]
                 output,
                 size_hint=raw_size,
                 encoding=state.config.telemetry.usage_estimate_encoding,

@@ -22,7 +22,8 @@ Prometheus the way OpenTelemetry's Prometheus exporter does (dots to ``_``, unit
   between two consecutive content events of a stream (the gateway is the engine's client; a
   chunk is one token on a standard pool, often several with speculative decoding).
 
-GenAI metrics carry ``gen_ai_operation_name`` (``chat``/``text_completion``),
+GenAI metrics carry ``gen_ai_operation_name`` (``chat`` for chat completions, Responses and
+Anthropic Messages, ``text_completion``, ``count_tokens``),
 ``gen_ai_request_model``, ``tier`` and ``pool``; gateway metrics (``speedgate_*``) carry
 ``model``, ``tier``, ``pool`` and their own reason labels. ``tier`` is the tier that served, or
 the tier asked for when none did; ``pool`` is ``model/tier`` of the serving pool ("" when none).
@@ -116,10 +117,6 @@ class _PoolCollector(Collector):
                 ejections.add_metric(key, r.outlier.ejections_total)
             exhausted.add_metric([pool.key], pool.budget.exhausted)
         yield from (inflight, healthy, ejected, ejections, exhausted)
-
-
-def _operation(path: str) -> str:
-    return "chat" if path.endswith("/chat/completions") else "text_completion"
 
 
 class GatewayMetrics:
@@ -236,7 +233,7 @@ class GatewayMetrics:
         pool = f"{model}/{served}" if served else ""
         outcome = rec.outcome or ""
         self.requests.labels(model, tier, outcome, str(rec.status)).inc()
-        g = (_operation(rec.path), model, tier, pool)
+        g = (rec.operation, model, tier, pool)
         if rec.e2e_s is not None:
             self.request_duration.labels(*g, outcome).observe(rec.e2e_s)
         if rec.queue_s is not None:

@@ -17,6 +17,7 @@ class RequestRecord:
 
     request_id: str
     path: str
+    operation: str = "chat"  # gen_ai.operation.name of the path's protocol
     t_start: float = field(default_factory=time.monotonic)
     model: str | None = None
     asked_tier: str | None = None

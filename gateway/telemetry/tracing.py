@@ -310,10 +310,14 @@ class Telemetry:
             )
 
     def start_request(
-        self, headers: Iterable[tuple[bytes, bytes]], operation: str = "chat"
+        self,
+        headers: Iterable[tuple[bytes, bytes]],
+        operation: str = "chat",
+        attributes: Mapping[str, str] | None = None,
     ) -> RequestTrace:
         """Start the SERVER span of a request whose ASGI ``headers`` may carry a W3C
-        ``traceparent``; ``operation`` is ``chat`` or ``text_completion``."""
+        ``traceparent``; ``operation`` is the protocol's ``gen_ai.operation.name`` (``chat``,
+        ``text_completion``...), ``attributes`` the protocol's own (``openai.api.type``)."""
         incoming = _trace_headers(headers)
         if self.tracer is None:
             return RequestTrace(None, None, operation, incoming)
@@ -321,7 +325,7 @@ class Telemetry:
             operation,
             context=_PROPAGATOR.extract(incoming) if incoming else None,
             kind=SpanKind.SERVER,
-            attributes={"gen_ai.operation.name": operation},
+            attributes={"gen_ai.operation.name": operation, **(attributes or {})},
         )
         return RequestTrace(self.tracer, span, operation)
 

@@ -27,8 +27,8 @@ from gateway.errors import (
     UpstreamTimeout,
     parse_engine_error,
 )
+from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_MALFORMED, Protocol
 from gateway.relay.sse import SSEEvent
-from gateway.relay.stream import engine_error
 from gateway.routing.pools import Pool, Replica
 from gateway.telemetry.tracing import AttemptTrace
 from gateway.upstream.client import (
@@ -62,13 +62,13 @@ class RetryableFailure(Exception):
 
 @dataclass(slots=True)
 class Attempt:
-    """What to send where: ``payload`` to ``replica`` of ``pool`` at ``path``; ``deadline`` is
-    the loop time of the request's total deadline."""
+    """What to send where: ``payload`` to ``replica`` of ``pool`` at ``protocol.path``;
+    ``deadline`` is the loop time of the request's total deadline."""
 
     pool: Pool
     replica: Replica
     payload: bytes
-    path: str
+    protocol: Protocol
     request_id: str
     stream: bool
     deadline: float
@@ -139,7 +139,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     }
     if attempt.extra_headers:
         headers.update(attempt.extra_headers)
-    url = attempt.replica.url + attempt.path
+    url = attempt.replica.url + attempt.protocol.path
     attempt.replica.inflight += 1
     resp: UpstreamResponse | None = None
     try:
@@ -159,7 +159,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                 raise err
             if attempt.stream:
                 batches = resp.event_batches()
-                head = await _read_until_content(batches)
+                head = await _read_until_content(batches, attempt.protocol)
                 return OpenedResponse(
                     attempt, resp, time.monotonic() - t_sent, head=head, batches=batches
                 )
@@ -194,10 +194,13 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
         raise
 
 
-async def _read_until_content(batches: AsyncIterator[list[SSEEvent]]) -> list[SSEEvent]:
-    """Data events up to the first content event, plus any that arrived in the same read
-    (comments dropped). Until then nothing is sent to the client, so a failure here can still
-    be retried. A payload that is neither ``[DONE]`` nor a JSON object is a malformed stream."""
+async def _read_until_content(
+    batches: AsyncIterator[list[SSEEvent]], protocol: Protocol
+) -> list[SSEEvent]:
+    """Data events up to the first content event (``protocol.head_kind``), plus any that
+    arrived in the same read (comments dropped). Until then nothing is sent to the client, so a
+    failure here can still be retried: an engine error event (``engine-error``) or an event
+    that is not one of the protocol's (``malformed``)."""
     head: list[SSEEvent] = []
     async for batch in batches:
         found = False
@@ -205,37 +208,20 @@ async def _read_until_content(batches: AsyncIterator[list[SSEEvent]]) -> list[SS
             if ev.data is None:
                 continue
             if not found:
-                doc = None if ev.is_done else _json_object(ev.data)
-                if doc is not None and "error" in doc and not doc.get("choices"):
+                kind, err = protocol.head_kind(ev)
+                if kind == HEAD_ERROR:
                     # the engine failed before any output: another replica may still serve
-                    raise RetryableFailure("engine-error", engine_error(doc))
-                found = doc is None or is_content(doc)
+                    assert err is not None
+                    raise RetryableFailure("engine-error", err)
+                if kind == HEAD_MALFORMED:
+                    raise RetryableFailure(
+                        "malformed", UpstreamError("engine sent a malformed response")
+                    )
+                found = kind == HEAD_CONTENT
             head.append(ev)
         if found:
             return head
     raise UpstreamBrokenError("stream ended before the first content event")
-
-
-def is_content(doc: dict) -> bool:
-    """True for a chunk that carries output the client must not see twice: text, a tool
-    call, a finish reason, usage (``choices: []``) or an in-band error."""
-    if "error" in doc:
-        return True
-    choices = doc.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return True
-    for c in choices:
-        if not isinstance(c, dict):
-            return True
-        if c.get("finish_reason") is not None or c.get("text"):
-            return True
-        delta = c.get("delta")
-        if isinstance(delta, dict) and (
-            delta.get("content") or delta.get("tool_calls") or delta.get("reasoning")
-            or delta.get("reasoning_content") or delta.get("refusal")
-        ):
-            return True
-    return False
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

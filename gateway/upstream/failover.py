@@ -19,7 +19,8 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.plan.chain import Plan
-from gateway.relay.body import ParsedBody, upstream_body
+from gateway.protocols.base import Protocol
+from gateway.relay.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
 from gateway.routing.pools import Pool, Replica
 from gateway.state import GatewayState
@@ -34,16 +35,17 @@ async def open_with_failover(
     state: GatewayState,
     plan: Plan,
     body: ParsedBody,
+    protocol: Protocol,
     rec: RequestRecord,
     trace: RequestTrace,
-    path: str,
     timeouts: ClientTimeouts | None = None,
 ) -> OpenedResponse:
     """Try each pool of ``plan.chain`` at most ``retry.max_attempts`` times, each attempt on a
-    replica not tried yet, until one answers. ``timeouts`` (the client's, from its headers):
-    ``total_s`` may shorten the first pool's ``total_s``, which bounds the whole request;
-    ``read_s`` bounds the wait for the first byte since the request arrived (every attempt)
-    and the stall between events after it.
+    replica not tried yet, until one answers. ``protocol`` makes each pool's upstream body and
+    says when a stream's first content event arrived. ``timeouts`` (the client's, from its
+    headers): ``total_s`` may shorten the first pool's ``total_s``, which bounds the whole
+    request; ``read_s`` bounds the wait for the first byte since the request arrived (every
+    attempt) and the stall between events after it.
 
     Raises the last ``GatewayError`` (the engine's 4xx and ``UnreadableResponse`` at once,
     never retried, neither counted against the replica), an
@@ -54,7 +56,6 @@ async def open_with_failover(
     ``rec.queue_s``.
     """
     metrics = state.metrics
-    add_usage = body.stream and not body.client_wants_usage
     payloads: dict[tuple[str, int | None], bytes] = {}
     loop = asyncio.get_running_loop()
     reasons: list[str] = [plan.reason] if plan.reason == "tier-unavailable" else []
@@ -71,7 +72,9 @@ async def open_with_failover(
     # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
     route = plan.route
     if route is None:
-        route = RouteRequest.from_doc(body.doc, rec.session_id, scope=rec.key_id)
+        route = RouteRequest.from_doc(
+            body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
+        )
     for pool in plan.chain:
         if deadline is None:  # the first pool's total timeout bounds the whole request
             total_s = total_timeout_s(pool.config.timeouts.total_s, timeouts.total_s)
@@ -83,8 +86,7 @@ async def open_with_failover(
         # vLLM's priority field only for engines that run priority scheduling (fcfs: 400)
         prio = plan.engine_priority if pool.config.scheduling_policy == "priority" else None
         if (served, prio) not in payloads:
-            payloads[(served, prio)] = upstream_body(body, served, add_usage=add_usage,
-                                                     priority=prio)
+            payloads[(served, prio)] = protocol.upstream_body(body, served, priority=prio)
         pool.budget.record_request(loop.time())
         tried: list[Replica] = []
         for n in range(pool.config.retry.max_attempts):
@@ -130,7 +132,7 @@ async def open_with_failover(
                 pool=pool,
                 replica=replica,
                 payload=payloads[(served, prio)],
-                path=path,
+                protocol=protocol,
                 request_id=rec.request_id,
                 stream=body.stream,
                 deadline=deadline,

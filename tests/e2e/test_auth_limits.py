@@ -8,7 +8,9 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from gateway.admit.auth import new_key
@@ -53,6 +55,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "state": {"redis_url": REDIS_URL},
             "auth": {"keys": [entry for _, entry in KEYS.values()]},
             "rate_limits": {"redis_prefix": PREFIX, "fail_mode": "closed"},
+            "responses": {"redis_prefix": PREFIX + "resp:"},
         },
     )
     try:
@@ -275,3 +278,51 @@ def test_usage_endpoint_is_admin_protected(stack):
         r = c.get("/v1/usage", params={"key_id": "std"}, headers=auth("admin"))
         assert r.status_code == 200 and r.json()["requests"] >= 1
     assert '"event":"admin_action"' in stack.log()
+
+
+def test_anthropic_clients_authenticate_with_x_api_key(stack):
+    """Anthropic's SDK sends ``x-api-key``; the gateway accepts it (and Bearer) on every
+    endpoint, and refuses a bad one with an Anthropic-shaped 401 that never echoes it."""
+    client = anthropic.Anthropic(base_url=stack.base_url, api_key=KEYS["std"][0], max_retries=0)
+    m = client.messages.create(model=MODEL, max_tokens=4,
+                               messages=[{"role": "user", "content": "hi"}])
+    assert m.usage.service_tier == "standard"
+    bearer = anthropic.Anthropic(base_url=stack.base_url, auth_token=KEYS["std"][0],
+                                 max_retries=0)
+    assert bearer.messages.count_tokens(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}]).input_tokens > 0
+    with pytest.raises(anthropic.PermissionDeniedError) as denied:  # std key, fast alias
+        client.messages.create(model=f"{MODEL}-fast", max_tokens=4,
+                               messages=[{"role": "user", "content": "hi"}])
+    assert denied.value.body["error"]["type"] == "permission_error"
+    bad = "sg-" + "y" * 43
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        anthropic.Anthropic(base_url=stack.base_url, api_key=bad, max_retries=0).messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["error"]["type"] == "authentication_error"
+    assert bad not in e.value.response.text and bad not in stack.log()
+    r = httpx.get(stack.base_url + "/v1/models", headers={"x-api-key": KEYS["std"][0]})
+    assert r.status_code == 200
+
+
+def test_stored_responses_belong_to_the_key_that_made_them(stack):
+    """A response stored under one key is invisible to another (404 for GET, DELETE and as
+    ``previous_response_id``), on any gateway replica (the store is in Redis)."""
+    mine = openai.OpenAI(base_url=stack.base_url + "/v1", api_key=KEYS["std"][0],
+                         max_retries=0)
+    theirs = openai.OpenAI(base_url=stack.gateways[1] + "/v1", api_key=KEYS["admin"][0],
+                           max_retries=0)
+    r = mine.responses.create(model=MODEL, input="secret plan", max_output_tokens=4)
+    again = openai.OpenAI(base_url=stack.gateways[2] + "/v1", api_key=KEYS["std"][0],
+                          max_retries=0)
+    assert again.responses.retrieve(r.id).id == r.id  # same key, another gateway replica
+    with pytest.raises(openai.NotFoundError):
+        theirs.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        theirs.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        theirs.responses.create(model=MODEL, input="more", previous_response_id=r.id)
+    follow = again.responses.create(model=MODEL, input="more", previous_response_id=r.id,
+                                    max_output_tokens=4)
+    assert follow.previous_response_id == r.id
+

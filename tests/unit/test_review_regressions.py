@@ -11,9 +11,10 @@ from gateway.cli import main
 from gateway.common.usage import Usage
 from gateway.config import ConfigError, GatewayConfig
 from gateway.errors import InvalidRequest, parse_engine_error
+from gateway.protocols.openai_chat import ChatProtocol, ChunkRewriter, OpenAIStream
 from gateway.relay.body import parse_body
 from gateway.relay.sse import EventTooLarge, SSEEvent, SSEParser
-from gateway.relay.stream import ChunkRewriter, relay_events
+from gateway.relay.stream import relay_events
 from gateway.upstream.attempt import RetryableFailure, _read_until_content
 from gateway.upstream.deadline import header_timeout_s
 
@@ -33,8 +34,8 @@ async def _relay(head, batches):
             yield b
 
     loop = asyncio.get_running_loop()
-    result = await relay_events(send, head, gen(), ChunkRewriter("s", "m", "default"),
-                                strip_usage=True, stall_s=5, total_s=10,
+    codec = OpenAIStream(ChunkRewriter("s", "m", "default"), strip_usage=True)
+    result = await relay_events(send, head, gen(), codec, stall_s=5, total_s=10,
                                 deadline=loop.time() + 10)
     return result, b"".join(sent)
 
@@ -65,7 +66,7 @@ async def test_engine_error_before_content_is_retryable():  # M2
         yield [ROLE, ERROR]
 
     with pytest.raises(RetryableFailure) as ei:
-        await _read_until_content(gen())
+        await _read_until_content(gen(), ChatProtocol())
     assert ei.value.reason == "engine-error" and ei.value.replica_fault
 
 

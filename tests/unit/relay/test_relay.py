@@ -5,8 +5,9 @@ import asyncio
 import orjson
 
 from gateway.errors import UpstreamTimeout
+from gateway.protocols.openai_chat import ChunkRewriter, OpenAIStream
 from gateway.relay.sse import SSEEvent
-from gateway.relay.stream import ChunkRewriter, relay_events
+from gateway.relay.stream import relay_events
 
 ROLE = SSEEvent(b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}')
 TOKEN = SSEEvent(b'{"model":"s","choices":[{"index":0,"delta":{"content":"a"}}]}')
@@ -25,8 +26,9 @@ async def _run(batches, stall_s=0.05, total_in_s=10.0):
 
     loop = asyncio.get_running_loop()
     result = await relay_events(
-        send, [ROLE, TOKEN], batches, ChunkRewriter("s", "m", "default"),
-        strip_usage=True, stall_s=stall_s, total_s=total_in_s,
+        send, [ROLE, TOKEN], batches,
+        OpenAIStream(ChunkRewriter("s", "m", "default"), strip_usage=True),
+        stall_s=stall_s, total_s=total_in_s,
         deadline=loop.time() + total_in_s,
     )
     return result, sent

@@ -44,7 +44,9 @@ def total(smp, name, **labels) -> float:
 
 def _rec(tier, *, stream=True, outcome="ok", status=200, usage=(100, 20, 10), ttft=0.05,
          e2e=1.0, cost=0.001, gaps=(), queue=0.002, path="/v1/chat/completions"):
-    rec = RequestRecord(request_id="r", path=path, model="m", asked_tier=tier, stream=stream)
+    operation = "text_completion" if path == "/v1/completions" else "chat"
+    rec = RequestRecord(request_id="r", path=path, operation=operation, model="m",
+                        asked_tier=tier, stream=stream)
     rec.served_tier = tier if outcome != "no_healthy_replica" else None
     rec.status, rec.outcome = status, outcome
     rec.usage = Usage(usage[0], usage[2], usage[1]) if usage else None

@@ -6,7 +6,8 @@ import pytest
 
 from gateway.config import OutlierConfig, RetryConfig
 from gateway.errors import InvalidRequest, UpstreamError
-from gateway.upstream.attempt import RetryableFailure, is_content, parse_retry_after
+from gateway.protocols.openai_chat import is_content
+from gateway.upstream.attempt import RetryableFailure, parse_retry_after
 from gateway.upstream.deadline import header_timeout_s, total_timeout_s
 from gateway.upstream.outlier import OutlierState, max_ejected, record_failure, record_success
 from gateway.upstream.retry import RetryBudget, full_jitter_backoff_s

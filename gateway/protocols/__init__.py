@@ -1,0 +1,26 @@
+"""Client APIs as protocol adapters (DESIGN §11): one module per API, one request path for all.
+
+The handler (``gateway.handler.Endpoint``) runs every API through the same steps (admit, plan,
+attempt, relay, account); what differs between APIs is asked of a ``Protocol``
+(``base.Protocol``): how to read and validate the body (model, stream flag, the conversation in
+chat shape for routing keys and token estimates, the output cap, the ``service_tier`` hint),
+which fields the gateway owns and rewrites on the way up (``model``, usage options, ids), how the
+engine's stream is framed and where its first content event and usage are (a per-request
+``base.StreamCodec``), how a JSON answer is rewritten, and how errors look (``errors``).
+
+Public surface:
+
+- ``base``: ``Protocol``, ``StreamCodec`` and its verdicts (``SKIP``, ``FRAME``, ``CONTENT``,
+  ``DONE``, ``ERROR``), ``HEAD_FRAME`` / ``HEAD_CONTENT`` / ``HEAD_ERROR``, ``Rewrite``,
+  ``Exchange`` (per-request protocol state) and ``typed_event``;
+- ``errors``: the OpenAI and Anthropic error shapes (``OPENAI_ERRORS``, ``ANTHROPIC_ERRORS``);
+- ``openai_chat``: ``ChatProtocol`` (``/v1/chat/completions``), ``CompletionsProtocol``
+  (``/v1/completions``) and their stream codec ``OpenAIStream`` with ``ChunkRewriter``;
+- ``responses``: ``ResponsesProtocol`` (``/v1/responses``): typed ``event:`` stream, usage in
+  ``response.usage``, gateway-owned ``previous_response_id`` state (``response_store``:
+  ``MemoryResponseStore``, ``RedisResponseStore``) and the in-flight table for ``cancel``;
+- ``responses_items``: Responses input items → chat-shaped conversation, output text;
+- ``messages``: ``MessagesProtocol`` (Anthropic ``/v1/messages``) and
+  ``CountTokensProtocol`` (``/v1/messages/count_tokens``);
+- ``registry``: ``build_protocols`` (path → protocol for the app).
+"""

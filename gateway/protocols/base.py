@@ -1,0 +1,195 @@
+"""What every client API must say about itself (``Protocol``) and about one stream
+(``StreamCodec``), so the handler, the attempt and the relay stay protocol-blind.
+
+A protocol is stateless and shared by all requests of its path; per-request state lives in the
+``ParsedBody`` it returns (``view``, ``session_hint``, ``ext``) and in the ``StreamCodec`` it
+makes for one stream. The request path asks, in order:
+
+1. ``parse(raw)`` → ``ParsedBody`` (400 ``InvalidRequest`` in the API's words);
+2. ``service_tier(doc)`` (the body's tier hint in OpenAI's vocabulary, or None),
+   ``max_output_tokens(doc)``; ``body.view`` is the conversation in chat shape for routing keys,
+   token estimates and the auto tier;
+3. ``await prepare(body, key_id)`` (e.g. expand ``previous_response_id``) and
+   ``running(body, rec)`` around the attempt and the relay (e.g. the in-flight table for cancel);
+4. ``upstream_body(body, served_model)``: the bytes sent to the engine;
+5. ``head_kind(event)`` while waiting for the first content event (TTFT; retries end there);
+6. ``codec(body, rewrite)`` for a stream, or ``json_usage`` + ``rewrite_json`` for a JSON answer;
+7. ``await finish(body, key_id, final_doc)`` after a successful answer (e.g. store it);
+8. ``output_text`` / ``json_output_text`` when the engine reported no usage (tiktoken estimate);
+   ``errors`` shapes every error the gateway answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import orjson
+
+from gateway.common.usage import Usage
+from gateway.errors import GatewayError
+from gateway.plan.tiers import TIER_TO_SERVICE_TIER
+from gateway.relay.body import ParsedBody
+from gateway.relay.sse import SSEEvent, encode_event
+
+if TYPE_CHECKING:
+    from gateway.protocols.errors import ErrorShape
+    from gateway.telemetry.record import RequestRecord
+
+# Verdicts of ``StreamCodec.event``: what the relay does with one engine event.
+SKIP = 0  # drop it (a usage chunk the client did not ask for)
+FRAME = 1  # forward it; not output (e.g. response.created, message_start, ping, *.done)
+CONTENT = 2  # forward it; output (inter-token latency tick; counted when usage is estimated)
+DONE = 3  # forward it; the stream is complete
+ERROR = 4  # the stream failed (``codec.error``); forward the returned bytes and stop
+
+# ``Protocol.head_kind``: an event read before anything reached the client.
+HEAD_FRAME = 0  # not a first token (role chunk, response.created, message_start, comments)
+HEAD_CONTENT = 1  # the first content event: TTFT ends, the attempt is committed
+HEAD_ERROR = 2  # the engine reported an error in-band before any output (retryable)
+HEAD_MALFORMED = 3  # not an event of this protocol (retryable)
+
+
+@dataclass(slots=True)
+class Rewrite:
+    """How an engine's answer is rewritten for the client: ``served_model`` (the engine's name)
+    back to ``client_model``, the ``tier`` that served (``fast`` | ``standard``) and whether
+    the request was a ``flex`` one (OpenAI's flex tier, served by the standard pool)."""
+
+    served_model: str
+    client_model: str
+    tier: str
+    flex: bool = False
+
+    @property
+    def service_tier(self) -> str:
+        """The serving tier in OpenAI's ``service_tier`` vocabulary (``priority``/``default``,
+        ``flex`` for a flex request the standard pool served)."""
+        if self.flex and self.tier == "standard":
+            return "flex"
+        return TIER_TO_SERVICE_TIER[self.tier]
+
+
+def typed_event(name: bytes | None, data: bytes) -> bytes:
+    """One SSE event: ``event: <name>`` (when given) then the ``data:`` line(s)."""
+    if name is None:
+        return encode_event(data)
+    return b"event: " + name + b"\n" + encode_event(data)
+
+
+def json_object(data: bytes) -> dict[str, Any] | None:
+    """``data`` parsed as a JSON object, or None when it is not one."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+class StreamCodec:
+    """Per-stream state of one protocol: rewrites each engine event for the client and keeps
+    the usage (``usage``), the failure (``error``) and, where the protocol has one, the final
+    response object (``final``, as sent to the client)."""
+
+    __slots__ = ("error", "final", "usage")
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.error: GatewayError | None = None
+        self.final: dict[str, Any] | None = None
+
+    def event(self, ev: SSEEvent) -> tuple[int, bytes]:
+        """``(verdict, bytes for the client)`` for one engine event that has data."""
+        raise NotImplementedError
+
+    def error_event(self, err: GatewayError) -> bytes:
+        """The in-band error event of this protocol for ``err`` (after the first byte)."""
+        raise NotImplementedError
+
+
+class Running:
+    """A request in flight (``Protocol.running``): ``replica`` is the base URL of the replica
+    serving it, once known. Protocols that can cancel a request extend it."""
+
+    __slots__ = ("replica",)
+
+    def __init__(self) -> None:
+        self.replica: str | None = None
+
+
+class Protocol:
+    """One client API. Subclasses set the class attributes and implement the methods that
+    raise ``NotImplementedError``; the hooks default to no-ops."""
+
+    name: ClassVar[str]  # short name: chat | completion | responses | messages | count_tokens
+    path: ClassVar[str]  # the client-facing path, also the engine's path
+    operation: ClassVar[str]  # gen_ai.operation.name (OpenTelemetry GenAI conventions)
+    count_kind: ClassVar[str] = "chat"  # how ``view`` is counted: chat | completion
+    generates: ClassVar[bool] = True  # False: no output, no usage (token counting)
+    default_tier_only: ClassVar[bool] = False  # True: tier hints ignored, default pool
+    errors: ErrorShape
+
+    def span_attributes(self) -> dict[str, str]:
+        """Extra attributes of the request span (e.g. ``openai.api.type``)."""
+        return {}
+
+    def parse(self, raw: bytes) -> ParsedBody:
+        """Parse and leniently validate a request body; ``InvalidRequest`` (400) otherwise."""
+        raise NotImplementedError
+
+    def service_tier(self, doc: dict[str, Any]) -> object:
+        """The body's tier hint in OpenAI's ``service_tier`` vocabulary (None: absent)."""
+        return None
+
+    async def prepare(self, body: ParsedBody, key_id: str | None) -> None:
+        """Work before routing (e.g. expand ``previous_response_id``); may raise."""
+
+    @contextlib.asynccontextmanager
+    async def running(self, body: ParsedBody, rec: RequestRecord) -> AsyncIterator[Running]:
+        """Context around the attempt and the relay of one request."""
+        yield Running()
+
+    def upstream_body(
+        self, body: ParsedBody, served_model: str, priority: int | None = None
+    ) -> bytes:
+        """The bytes sent to the engine (``model`` rewritten, owned fields set). ``priority``:
+        vLLM's scheduling priority for engines running ``--scheduling-policy priority``
+        (admission's band; ``gateway.admit``); protocols whose vLLM endpoint takes no
+        ``priority`` field ignore it (the gateway queue still orders them)."""
+        raise NotImplementedError
+
+    def head_kind(self, ev: SSEEvent) -> tuple[int, GatewayError | None]:
+        """Classify an event read before the first content event: ``(HEAD_*, error)``; the
+        error is set for ``HEAD_ERROR``."""
+        raise NotImplementedError
+
+    def codec(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec:
+        """A codec for one stream of this protocol."""
+        raise NotImplementedError
+
+    def json_usage(self, doc: dict[str, Any]) -> Usage | None:
+        """Usage of a JSON answer (None when absent or malformed)."""
+        raise NotImplementedError
+
+    def rewrite_json(self, doc: dict[str, Any], body: ParsedBody, rewrite: Rewrite) -> bytes:
+        """A JSON answer rewritten for the client and serialised (``doc`` is updated too)."""
+        raise NotImplementedError
+
+    async def finish(
+        self, body: ParsedBody, key_id: str | None, final: dict[str, Any] | None
+    ) -> None:
+        """After a successful answer: ``final`` is the response object sent to the client."""
+
+    def output_text(self, relayed: list[bytes]) -> str:
+        """Generated text of the relayed content events (for a usage estimate)."""
+        return ""
+
+    def json_output_text(self, doc: dict[str, Any]) -> str:
+        """Generated text of a JSON answer (for a usage estimate)."""
+        return ""
+
+    def error_event(self, err: GatewayError) -> bytes:
+        """The in-band error event when no codec exists yet (stream started elsewhere)."""
+        return self.errors.event(err, 0)

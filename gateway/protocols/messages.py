@@ -1,0 +1,329 @@
+"""Anthropic Messages (``/v1/messages``) and token counting (``/v1/messages/count_tokens``).
+
+Request: ``model``, ``messages`` (``role`` + string or content blocks: ``text``, ``image``,
+``tool_use``, ``tool_result``, ``thinking``), ``max_tokens`` (required), ``system``, ``tools``,
+``stream``; Anthropic's ``service_tier`` (``auto`` | ``standard_only``) is the tier hint:
+``standard_only`` → standard, ``auto`` → the model's default (Anthropic API reference,
+"Messages": ``auto`` uses priority capacity when available, which is the deployment's default
+choice here). Owned field: ``model``. Clients authenticate with ``x-api-key`` (or Bearer).
+
+Stream (Anthropic API reference, "Streaming messages"; vLLM 0.32
+``entrypoints/anthropic/serving.py``): typed events ``message_start``, ``content_block_start``,
+``content_block_delta`` (``text_delta``, ``thinking_delta``, ``input_json_delta``,
+``signature_delta``), ``content_block_stop``, ``message_delta`` (stop reason, usage),
+``message_stop``; ``ping`` at any time; ``error`` in-band. First content event: a
+``content_block_delta`` or a ``tool_use`` block start (it names the tool). Usage: ``input_tokens``
+excludes the cache: prompt = ``input_tokens`` + ``cache_read_input_tokens`` +
+``cache_creation_input_tokens``, cached = ``cache_read_input_tokens``; the fields of
+``message_start`` and ``message_delta`` are merged, the later winning (vLLM sends the prompt
+count on ``message_start`` and the split with the cache on ``message_delta``). The answer's
+``usage.service_tier`` reports the tier that served (``priority`` for fast, ``standard``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.common.usage import Usage
+from gateway.errors import GatewayError, InvalidRequest, UpstreamError
+from gateway.protocols.base import (
+    CONTENT,
+    DONE,
+    ERROR,
+    FRAME,
+    HEAD_CONTENT,
+    HEAD_ERROR,
+    HEAD_FRAME,
+    HEAD_MALFORMED,
+    Protocol,
+    Rewrite,
+    StreamCodec,
+    json_object,
+    typed_event,
+)
+from gateway.protocols.errors import ANTHROPIC_ERRORS, ErrorShape
+from gateway.relay.body import ParsedBody, splice_model
+from gateway.relay.sse import SSEEvent
+
+ANTHROPIC_SERVICE_TIERS: dict[str, str | None] = {"standard_only": "default", "auto": None}
+_USAGE_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+
+
+def anthropic_usage(u: Any) -> Usage | None:
+    """``Usage`` of an Anthropic usage object (module docstring), None when absent/malformed."""
+    if not isinstance(u, dict):
+        return None
+    vals = [u.get(k) or 0 for k in _USAGE_FIELDS]
+    if not all(type(v) is int and v >= 0 for v in vals):
+        return None
+    inp, out, read, created = vals
+    return Usage(prompt=inp + read + created, completion=out, cached=read)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+    return ""
+
+
+def chat_view(doc: dict[str, Any]) -> dict[str, Any]:
+    """The request as a chat-completions conversation (routing keys, token estimates): the
+    ``system`` prompt first, ``tool_use`` blocks as ``tool_calls``, ``tool_result`` blocks as
+    ``tool`` messages, text and thinking as text parts (images are not counted)."""
+    messages: list[dict[str, Any]] = []
+    system = _text(doc.get("system"))
+    if system:
+        messages.append({"role": "system", "content": system})
+    for m in doc.get("messages") or ():
+        if not isinstance(m, dict):
+            continue
+        role, content = m.get("role"), m.get("content")
+        if isinstance(content, str):
+            messages.append({"role": role, "content": content})
+            continue
+        parts: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
+        for b in content if isinstance(content, list) else ():
+            if not isinstance(b, dict):
+                continue
+            kind = b.get("type")
+            if kind == "tool_use":
+                args = orjson.dumps(b.get("input") or {}).decode()
+                calls.append({"id": b.get("id"), "type": "function",
+                              "function": {"name": b.get("name"), "arguments": args}})
+            elif kind == "tool_result":
+                messages.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                                 "content": _text(b.get("content"))})
+            elif isinstance(b.get("text"), str):
+                parts.append({"type": "text", "text": b["text"]})
+            elif isinstance(b.get("thinking"), str):
+                parts.append({"type": "text", "text": b["thinking"]})
+        if parts or calls:
+            msg: dict[str, Any] = {"role": role, "content": parts}
+            if calls:
+                msg["tool_calls"] = calls
+            messages.append(msg)
+    return {"messages": messages, "tools": doc.get("tools"), "max_tokens": doc.get("max_tokens")}
+
+
+def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
+    """Parse and leniently validate an Anthropic Messages body (``model``, non-empty
+    ``messages`` of objects with a string ``role``, ``max_tokens`` when ``need_max_tokens``,
+    ``stream`` boolean, ``service_tier``). Raises ``InvalidRequest`` naming the field."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise InvalidRequest(
+            f"request body is not valid JSON: {e.msg}", code="invalid_json"
+        ) from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: Field required (a non-empty string)", param="model")
+    msgs = doc.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise InvalidRequest("messages: must be a non-empty array", param="messages")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise InvalidRequest(
+                f"messages.{i}: must be an object with a string 'role'", param=f"messages.{i}"
+            )
+    cap = doc.get("max_tokens")
+    if need_max_tokens and (type(cap) is not int or cap < 1):
+        raise InvalidRequest("max_tokens: Field required (an integer ≥ 1)", param="max_tokens")
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("stream: must be a boolean", param="stream")
+    tier = doc.get("service_tier")
+    if tier is not None and tier not in ANTHROPIC_SERVICE_TIERS:
+        raise InvalidRequest(
+            "service_tier: must be one of auto, standard_only", param="service_tier"
+        )
+    return ParsedBody(raw, doc, view=chat_view(doc))
+
+
+class MessagesStream(StreamCodec):
+    """One Anthropic Messages stream (module docstring)."""
+
+    __slots__ = ("_usage", "rewrite")
+
+    def __init__(self, rewrite: Rewrite) -> None:
+        super().__init__()
+        self.rewrite = rewrite
+        self._usage: dict[str, int] = {}
+
+    def _merge_usage(self, u: Any) -> None:
+        if isinstance(u, dict):
+            self._usage.update({k: v for k, v in u.items() if k in _USAGE_FIELDS and v is not None})
+            self.usage = anthropic_usage(self._usage)
+
+    def event(self, ev: SSEEvent) -> tuple[int, bytes]:
+        data = ev.data
+        assert data is not None
+        doc = json_object(data)
+        if doc is None:
+            self.error = UpstreamError("engine sent a malformed event mid-stream")
+            return ERROR, self.error_event(self.error)
+        kind = doc.get("type")
+        if kind == "content_block_delta":
+            return CONTENT, typed_event(ev.event, data)
+        if kind == "message_start":
+            message = doc.get("message")
+            if isinstance(message, dict):
+                _rewrite_message(message, self.rewrite)
+                self._merge_usage(message.get("usage"))
+                data = orjson.dumps(doc)
+            return FRAME, typed_event(ev.event, data)
+        if kind == "message_delta":
+            self._merge_usage(doc.get("usage"))
+            return FRAME, typed_event(ev.event, data)
+        if kind == "message_stop":
+            return DONE, typed_event(ev.event, data)
+        if kind == "error":
+            self.error = _engine_error(doc)
+            return ERROR, self.error_event(self.error)
+        if kind == "content_block_start":
+            block = doc.get("content_block")
+            if isinstance(block, dict) and block.get("type") not in ("text", "thinking"):
+                return CONTENT, typed_event(ev.event, data)
+        return FRAME, typed_event(ev.event, data)
+
+    def error_event(self, err: GatewayError) -> bytes:
+        return ANTHROPIC_ERRORS.event(err, 0)
+
+
+def _engine_error(doc: dict[str, Any]) -> UpstreamError:
+    """The client-facing error of an engine's ``error`` event (its message kept)."""
+    inner = doc.get("error")
+    message = inner.get("message") if isinstance(inner, dict) else None
+    return UpstreamError(f"engine error: {message if isinstance(message, str) else 'unknown'}")
+
+
+def _rewrite_message(message: dict[str, Any], rewrite: Rewrite) -> None:
+    if "model" in message:
+        message["model"] = rewrite.client_model
+    usage = message.get("usage")
+    if isinstance(usage, dict):
+        usage["service_tier"] = "priority" if rewrite.tier == "fast" else "standard"
+
+
+def _delta_text(doc: dict[str, Any]) -> str:
+    if doc.get("type") == "content_block_delta":
+        d = doc.get("delta")
+        if isinstance(d, dict):
+            for k in ("text", "thinking", "partial_json"):
+                if isinstance(d.get(k), str):
+                    return d[k]
+    elif doc.get("type") == "content_block_start":
+        block = doc.get("content_block")
+        if isinstance(block, dict) and isinstance(block.get("name"), str):
+            return block["name"]
+    return ""
+
+
+class MessagesProtocol(Protocol):
+    """``POST /v1/messages`` (module docstring)."""
+
+    name = "messages"
+    path = "/v1/messages"
+    operation = "chat"
+    errors: ErrorShape = ANTHROPIC_ERRORS
+
+    def span_attributes(self) -> dict[str, str]:
+        return {"speedgate.api": "anthropic.messages"}
+
+    def parse(self, raw: bytes) -> ParsedBody:
+        return parse_messages(raw, need_max_tokens=True)
+
+    def service_tier(self, doc: dict[str, Any]) -> object:
+        tier = doc.get("service_tier")
+        return ANTHROPIC_SERVICE_TIERS.get(tier) if isinstance(tier, str) else None
+
+    def upstream_body(
+        self, body: ParsedBody, served_model: str, priority: int | None = None
+    ) -> bytes:
+        model = body.doc["model"]
+        if model == served_model:
+            return body.raw
+        spliced = splice_model(body.raw, model, served_model)
+        return spliced if spliced is not None else orjson.dumps({**body.doc, "model": served_model})
+
+    def head_kind(self, ev: SSEEvent) -> tuple[int, GatewayError | None]:
+        doc = json_object(ev.data or b"")
+        if doc is None:
+            return HEAD_MALFORMED, None
+        kind = doc.get("type")
+        if kind == "error":
+            return HEAD_ERROR, _engine_error(doc)
+        if kind in ("message_start", "ping"):
+            return HEAD_FRAME, None
+        if kind == "content_block_start":
+            block = doc.get("content_block")
+            if isinstance(block, dict) and block.get("type") in ("text", "thinking"):
+                return HEAD_FRAME, None
+        return HEAD_CONTENT, None
+
+    def codec(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec:
+        return MessagesStream(rewrite)
+
+    def json_usage(self, doc: dict[str, Any]) -> Usage | None:
+        return anthropic_usage(doc.get("usage"))
+
+    def rewrite_json(self, doc: dict[str, Any], body: ParsedBody, rewrite: Rewrite) -> bytes:
+        _rewrite_message(doc, rewrite)
+        return orjson.dumps(doc)
+
+    def output_text(self, relayed: list[bytes]) -> str:
+        parts = []
+        for data in relayed:
+            doc = json_object(data)
+            if doc is not None:
+                parts.append(_delta_text(doc))
+        return "".join(parts)
+
+    def json_output_text(self, doc: dict[str, Any]) -> str:
+        parts: list[str] = []
+        for b in doc.get("content") or ():
+            if not isinstance(b, dict):
+                continue
+            for k in ("text", "thinking", "name"):
+                if isinstance(b.get(k), str):
+                    parts.append(b[k])
+            if b.get("type") == "tool_use":
+                parts.append(orjson.dumps(b.get("input") or {}).decode())
+        return "".join(parts)
+
+
+class CountTokensProtocol(MessagesProtocol):
+    """``POST /v1/messages/count_tokens``: the same body without ``max_tokens``, answered by a
+    replica of the model's default pool with ``{"input_tokens": N}``; no output, no usage."""
+
+    name = "count_tokens"
+    path = "/v1/messages/count_tokens"
+    operation = "count_tokens"
+    generates = False
+    default_tier_only = True
+
+    def parse(self, raw: bytes) -> ParsedBody:
+        body = parse_messages(raw, need_max_tokens=False)
+        if body.doc.get("stream"):
+            raise InvalidRequest("stream: token counting does not stream", param="stream")
+        return body
+
+    def json_usage(self, doc: dict[str, Any]) -> Usage | None:
+        return None
+
+    def rewrite_json(self, doc: dict[str, Any], body: ParsedBody, rewrite: Rewrite) -> bytes:
+        return orjson.dumps(doc)

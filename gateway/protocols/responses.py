@@ -1,0 +1,269 @@
+"""OpenAI Responses API (``/v1/responses``) as a protocol, with its state owned by the gateway.
+
+Request: ``model``, ``input`` (a string or items), ``instructions``, ``tools``,
+``max_output_tokens``, ``stream``, ``store`` (default true), ``previous_response_id``,
+``service_tier`` (the same tier hint as chat). Owned fields: ``model``; ``store`` (always false
+upstream: the engine keeps nothing); ``request_id`` (vLLM's extra field that becomes the
+response id: the gateway names each response ``resp_<32 hex>`` so it can track and cancel it);
+``previous_response_id`` (expanded by the gateway into the full ``input`` and removed, engines
+stay stateless). ``background: true`` is refused (400): it needs an engine-side store.
+
+Stream (OpenAI API reference, "Responses streaming events"; vLLM 0.32
+``entrypoints/openai/responses/streaming_events.py``): typed events ``response.created``,
+``response.in_progress``, ``response.output_item.added``, ``response.content_part.added``,
+``response.output_text.delta`` ... ``*.done``, ``response.completed`` (or ``.incomplete`` /
+``.failed``) last; no ``[DONE]``. First content event: a delta (text, reasoning, function-call
+arguments, refusal) or a function call item. Usage: ``response.usage`` of the terminal event
+(``input_tokens``, ``input_tokens_details.cached_tokens``, ``output_tokens``). In-band errors
+are the API's ``error`` event. The response object is rewritten: ``model`` back to the
+client's name, ``service_tier`` the tier that served, ``previous_response_id`` as the client
+sent it.
+
+State (``responses_state.ResponsesState``, attribute ``state``): stored responses expand
+``previous_response_id`` and answer ``GET``/``DELETE /v1/responses/{id}``; responses in flight
+on this process can be cancelled (``POST /v1/responses/{id}/cancel``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+
+from gateway.common.usage import Usage
+from gateway.errors import GatewayError, InvalidRequest, UpstreamError
+from gateway.protocols.base import (
+    CONTENT,
+    DONE,
+    ERROR,
+    FRAME,
+    HEAD_CONTENT,
+    HEAD_ERROR,
+    HEAD_FRAME,
+    HEAD_MALFORMED,
+    Protocol,
+    Rewrite,
+    StreamCodec,
+    json_object,
+    typed_event,
+)
+from gateway.protocols.errors import RESPONSES_ERRORS, ErrorShape
+from gateway.protocols.response_store import ResponseStore
+from gateway.protocols.responses_items import (
+    DELTA_EVENTS,
+    chat_view,
+    event_text,
+    input_items,
+    output_items_text,
+)
+from gateway.protocols.responses_state import ResponsesState, Turn
+from gateway.relay.body import ParsedBody, splice_model
+from gateway.relay.sse import SSEEvent
+from gateway.telemetry.record import RequestRecord
+
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+_HEAD_FRAMES = frozenset({
+    "response.created", "response.in_progress", "response.queued",
+    "response.content_part.added", "response.reasoning_part.added",
+})
+
+
+def responses_usage(u: Any) -> Usage | None:
+    """``Usage`` of a Responses ``usage`` object (``input_tokens`` includes the cached ones)."""
+    if not isinstance(u, dict):
+        return None
+    details = u.get("input_tokens_details")
+    cached = (details.get("cached_tokens") if isinstance(details, dict) else 0) or 0
+    prompt, completion = u.get("input_tokens") or 0, u.get("output_tokens") or 0
+    if not all(type(v) is int and v >= 0 for v in (prompt, completion, cached)):
+        return None
+    return Usage(prompt, completion, min(cached, prompt))
+
+
+def _rewrite_response(resp: dict[str, Any], rewrite: Rewrite, previous_id: str | None) -> None:
+    if "model" in resp:
+        resp["model"] = rewrite.client_model
+    resp["service_tier"] = rewrite.service_tier
+    if previous_id is not None:
+        resp["previous_response_id"] = previous_id
+
+
+def _engine_error(doc: dict[str, Any]) -> UpstreamError:
+    """The client-facing error of an engine's ``error`` event or failed response: its message
+    kept (never the rest of the document, which may hold output text)."""
+    inner = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+    message = inner.get("message")
+    return UpstreamError(f"engine error: {message if isinstance(message, str) else 'unknown'}")
+
+
+class ResponsesStream(StreamCodec):
+    """One Responses stream (module docstring); ``seq`` is the last ``sequence_number`` seen,
+    so a gateway error event continues the numbering."""
+
+    __slots__ = ("previous_id", "rewrite", "seq")
+
+    def __init__(self, rewrite: Rewrite, previous_id: str | None) -> None:
+        super().__init__()
+        self.rewrite, self.previous_id = rewrite, previous_id
+        self.seq = -1
+
+    def event(self, ev: SSEEvent) -> tuple[int, bytes]:
+        data = ev.data
+        assert data is not None
+        doc = json_object(data)
+        if doc is None:
+            self.error = UpstreamError("engine sent a malformed event mid-stream")
+            return ERROR, self.error_event(self.error)
+        kind = doc.get("type")
+        seq = doc.get("sequence_number")
+        if type(seq) is int:
+            self.seq = seq
+        if kind in DELTA_EVENTS:
+            return CONTENT, typed_event(ev.event, data)
+        resp = doc.get("response")
+        if isinstance(resp, dict):
+            _rewrite_response(resp, self.rewrite, self.previous_id)
+            data = orjson.dumps(doc)
+            if kind in TERMINAL:
+                self.usage = responses_usage(resp.get("usage"))
+                if kind == "response.failed":
+                    self.error = _engine_error(resp)
+                    return ERROR, typed_event(ev.event, data)
+                self.final = resp
+                return DONE, typed_event(ev.event, data)
+            return FRAME, typed_event(ev.event, data)
+        if kind == "error" or (kind is None and "error" in doc):
+            self.error = _engine_error(doc)
+            return ERROR, self.error_event(self.error)
+        if kind == "response.output_item.added":
+            item = doc.get("item")
+            if isinstance(item, dict) and item.get("type") not in ("message", "reasoning"):
+                return CONTENT, typed_event(ev.event, data)
+        return FRAME, typed_event(ev.event, data)
+
+    def error_event(self, err: GatewayError) -> bytes:
+        return RESPONSES_ERRORS.event(err, self.seq + 1)
+
+
+class ResponsesProtocol(Protocol):
+    """``POST /v1/responses`` and the state behind ``GET``/``DELETE``/``cancel``."""
+
+    name = "responses"
+    path = "/v1/responses"
+    operation = "chat"
+    errors: ErrorShape = RESPONSES_ERRORS
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.state = ResponsesState(store)
+
+    def span_attributes(self) -> dict[str, str]:
+        return {"openai.api.type": "responses"}
+
+    def parse(self, raw: bytes) -> ParsedBody:
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise InvalidRequest(
+                f"request body is not valid JSON: {e.msg}", code="invalid_json"
+            ) from None
+        if not isinstance(doc, dict):
+            raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+        model = doc.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' must be a non-empty string", param="model")
+        value = doc.get("input")
+        if not isinstance(value, str | list) or (isinstance(value, list) and not all(
+            isinstance(i, dict) for i in value
+        )):
+            raise InvalidRequest("'input' must be a string or an array of items", param="input")
+        for name in ("stream", "store", "background"):
+            if doc.get(name) is not None and not isinstance(doc[name], bool):
+                raise InvalidRequest(f"'{name}' must be a boolean", param=name)
+        if doc.get("background"):
+            raise InvalidRequest(
+                "background mode is not supported by this gateway", param="background"
+            )
+        previous = doc.get("previous_response_id")
+        if previous is not None and (not isinstance(previous, str) or not previous):
+            raise InvalidRequest(
+                "'previous_response_id' must be a non-empty string", param="previous_response_id"
+            )
+        items = input_items(value)
+        turn = Turn("resp_" + uuid.uuid4().hex, previous, doc.get("store") is not False, items)
+        return ParsedBody(raw, doc, view=chat_view(doc, items), ext=turn)
+
+    def service_tier(self, doc: dict[str, Any]) -> object:
+        return doc.get("service_tier")
+
+    async def prepare(self, body: ParsedBody, key_id: str | None) -> None:
+        await self.state.expand(body, key_id)
+
+    def running(self, body: ParsedBody, rec: RequestRecord) -> Any:
+        return self.state.running(body, rec)
+
+    def upstream_body(
+        self, body: ParsedBody, served_model: str, priority: int | None = None
+    ) -> bytes:
+        turn: Turn = body.ext
+        doc = body.doc
+        if turn.full_input is None and not ({"store", "request_id"} & doc.keys()):
+            raw = body.raw
+            if doc["model"] != served_model:
+                spliced = splice_model(raw, doc["model"], served_model)
+                raw = spliced if spliced is not None else b""
+            if raw:
+                start = raw.index(b"{") + 1
+                owned = b'{"request_id":' + orjson.dumps(turn.response_id) + b',"store":false,'
+                return owned + raw[start:]
+        up = {k: v for k, v in doc.items() if k != "previous_response_id"}
+        up.update(model=served_model, store=False, request_id=turn.response_id)
+        if turn.full_input is not None:
+            up["input"] = turn.full_input
+        return orjson.dumps(up)
+
+    def head_kind(self, ev: SSEEvent) -> tuple[int, GatewayError | None]:
+        name = ev.event
+        if name is not None:  # the typed event line says it without a parse (the relay
+            kind_name = name.decode("latin-1")  # still parses each one it forwards)
+            if kind_name in _HEAD_FRAMES:
+                return HEAD_FRAME, None
+            if kind_name in DELTA_EVENTS:
+                return HEAD_CONTENT, None
+        doc = json_object(ev.data or b"")
+        if doc is None:
+            return HEAD_MALFORMED, None
+        kind = doc.get("type")
+        if kind in _HEAD_FRAMES:
+            return HEAD_FRAME, None
+        if kind == "error" or (kind is None and "error" in doc):
+            return HEAD_ERROR, _engine_error(doc)
+        if kind == "response.failed":
+            return HEAD_ERROR, _engine_error(doc.get("response") or doc)
+        if kind == "response.output_item.added":
+            item = doc.get("item")
+            if isinstance(item, dict) and item.get("type") in ("message", "reasoning"):
+                return HEAD_FRAME, None
+        return HEAD_CONTENT, None
+
+    def codec(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec:
+        return ResponsesStream(rewrite, body.ext.previous_id)
+
+    def json_usage(self, doc: dict[str, Any]) -> Usage | None:
+        return responses_usage(doc.get("usage"))
+
+    def rewrite_json(self, doc: dict[str, Any], body: ParsedBody, rewrite: Rewrite) -> bytes:
+        _rewrite_response(doc, rewrite, body.ext.previous_id)
+        return orjson.dumps(doc)
+
+    async def finish(
+        self, body: ParsedBody, key_id: str | None, final: dict[str, Any] | None
+    ) -> None:
+        if final:
+            await self.state.save(body, key_id, final)
+
+    def output_text(self, relayed: list[bytes]) -> str:
+        return "".join(event_text(d) for d in map(json_object, relayed) if d is not None)
+
+    def json_output_text(self, doc: dict[str, Any]) -> str:
+        return output_items_text(doc.get("output"))
