@@ -7,5 +7,10 @@
   ``RateLimited``); ``ratelimit_redis``: ``RedisLimiter``, the same limits shared by replicas;
 - ``hardening``: header and JSON-shape limits checked before any work (``check_headers``,
   ``check_json_shape``);
-- ``audit``: the audit log of refused and privileged requests.
+- ``audit``: the audit log of refused and privileged requests;
+- ``control``: ``AdmissionControl`` (``enter`` → ``Ticket``, ``wait``, ``leave``), admission under
+  load: the request's priority band and session budget, then a slot on a saturated pool;
+- ``flow/``: ``FlowControl``, the gateway queue per pool (bands, fair queuing, shedding);
+- ``budget``: ``SessionBudgets`` (USD per session, ``BudgetExceeded``), ``MemoryLedger``;
+  ``budget_redis``: ``RedisLedger``, the ledgers shared by replicas.
 """
