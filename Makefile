@@ -57,3 +57,7 @@ race: $(STAMP)  ## direct vs speedgate vs LiteLLM proxy (installs LiteLLM into l
 
 capacity: $(STAMP)  ## concurrent slow streams one gateway process holds, memory per stream
 	$(BIN)/python -m loadtests.bench_capacity $(ARGS)
+
+.PHONY: bench-flow
+bench-flow: $(STAMP)  ## flow control: interactive TTFT under a batch-agent flood, off vs on (ARGS=...)
+	$(BIN)/python -m loadtests.bench_flow_control --plot loadtests/results/bench_flow_control.png $(ARGS)

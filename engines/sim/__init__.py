@@ -7,7 +7,8 @@ Run it with ``python -m engines.sim --port 8000``; start it from tests with
 - ``config``: every setting and default in one place;
 - ``perf``: the performance model (prefill, decode step time, speculative decoding), pure;
 - ``kvcache``: block KV cache with automatic prefix caching and LRU eviction, pure;
-- ``engine``: the continuous-batching scheduler loop (running batch, FIFO waiting queue);
+- ``engine``: the continuous-batching scheduler loop (running batch, waiting queue: FIFO or by
+  request priority, ``--scheduling-policy``);
 - ``textgen``: tokenizer, prompt rendering, deterministic text and tool arguments;
 - ``faults``: the scripted fault schema;
 - ``sse``: the SSE event writer that applies framing faults;

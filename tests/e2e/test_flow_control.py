@@ -171,6 +171,7 @@ def test_bands_are_strict_and_the_answer_names_the_band(stack: Stack):
         "interactive-1", "standard-1", "batch-1", "batch-2"]
     assert [a.headers["x-speedgate-priority"] for a in answers] == [
         "batch", "standard", "batch", "interactive"]
+    assert all(float(a.headers["x-speedgate-queue-wait-s"]) > 0 for a in answers)
     assert metric(stack, "speedgate_queue_dispatched_total", pool=POOL, band="batch") >= 2
     assert metric(stack, "speedgate_queue_wait_seconds_count", pool=POOL) >= 4
 

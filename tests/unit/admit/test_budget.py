@@ -11,6 +11,7 @@ import pytest
 
 from gateway.admit.budget import (
     BudgetExceeded,
+    BudgetUnavailable,
     MemoryLedger,
     SessionBudgets,
     check,
@@ -148,3 +149,20 @@ async def test_redis_ledger_is_atomic_across_gateway_clients():
         assert (state.spent_usd, state.reserved_usd, state.budget_usd) == (
             pytest.approx(0.4), 0.0, 1.0)
         assert await a.read("k/none") is None
+
+
+class _DownLedger(MemoryLedger):
+    async def reserve(self, *args, **kwargs):  # type: ignore[override]
+        raise ConnectionError("redis down")
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_budget_store_down_follows_the_fail_mode(mode):
+    b = SessionBudgets(load_config(models=MODELS, budgets={"fail_mode": mode}), _DownLedger())
+    key = ApiKeyConfig(id="k", hash=HASH, session_budget_usd=1)
+    if mode == "open":
+        assert await b.reserve(key, "s", None, "m", 0.1, "r") is None  # admitted unchecked
+    else:
+        with pytest.raises(BudgetUnavailable) as e:
+            await b.reserve(key, "s", None, "m", 0.1, "r")
+        assert e.value.status == 503 and e.value.headers()["retry-after"] == "1"
