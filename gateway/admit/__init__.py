@@ -12,7 +12,7 @@
 - ``audit``: the audit log of refused and privileged requests;
 - ``connections``: ``GuardedHttpToolsProtocol``, the server's HTTP protocol (uvicorn's
   httptools with header/body read timeouts, a connection cap and a pipelining fix), and its
-  limits and counters, ``ConnectionGuard``.
+  limits and counters, ``ConnectionGuard``;
 - ``control``: ``AdmissionControl`` (``enter`` → ``Ticket``, ``wait``, ``leave``), admission under
   load: the request's priority band and session budget, then a slot on a saturated pool;
 - ``flow/``: ``FlowControl``, the gateway queue per pool (bands, fair queuing, shedding);
