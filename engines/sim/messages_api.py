@@ -76,7 +76,13 @@ def to_chat(body: dict[str, Any], *, need_max_tokens: bool = True) -> dict[str, 
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise SchemaError("1 validation error: messages Field required", "body.messages")
-    system = _blocks_text(body.get("system"))
+    raw_system, tools = body.get("system"), body.get("tools")
+    if raw_system is not None and not isinstance(raw_system, str | list):
+        raise SchemaError("1 validation error: system Input should be a valid string or list",
+                          "body.system")
+    if tools is not None and not isinstance(tools, list):
+        raise SchemaError("1 validation error: tools Input should be a valid list", "body.tools")
+    system = _blocks_text(raw_system)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for m in msgs:
         if not isinstance(m, dict):

@@ -117,10 +117,28 @@ def chat_view(doc: dict[str, Any]) -> dict[str, Any]:
     return {"messages": messages, "tools": doc.get("tools"), "max_tokens": doc.get("max_tokens")}
 
 
+def _is_content(value: object) -> bool:
+    """True for Anthropic content: a string, or an array of objects that each name a ``type``
+    (text blocks need a string ``text``)."""
+    if isinstance(value, str):
+        return True
+    if not isinstance(value, list):
+        return False
+    for b in value:
+        if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+            return False
+        if b["type"] == "text" and not isinstance(b.get("text"), str):
+            return False
+    return True
+
+
 def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
-    """Parse and leniently validate an Anthropic Messages body (``model``, non-empty
-    ``messages`` of objects with a string ``role``, ``max_tokens`` when ``need_max_tokens``,
-    ``stream`` boolean, ``service_tier``). Raises ``InvalidRequest`` naming the field."""
+    """Parse and validate an Anthropic Messages body the way Anthropic's API refuses it
+    (``model``; non-empty ``messages`` of objects with role ``user``/``assistant`` and string or
+    block content; ``system`` a string or text blocks; ``tools`` an array of objects;
+    ``max_tokens`` an integer ≥ 1, required when ``need_max_tokens``; ``stream`` boolean;
+    ``service_tier``), so a client's mistake never reaches, crashes or counts against a replica.
+    Raises ``InvalidRequest`` (400) naming the field."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -130,19 +148,38 @@ def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
     if not isinstance(doc, dict):
         raise InvalidRequest("request body must be a JSON object", code="invalid_json")
     model = doc.get("model")
+    if model is None:
+        raise InvalidRequest("model: Field required", param="model")
     if not isinstance(model, str) or not model:
-        raise InvalidRequest("model: Field required (a non-empty string)", param="model")
+        raise InvalidRequest("model: must be a non-empty string", param="model")
     msgs = doc.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise InvalidRequest("messages: must be a non-empty array", param="messages")
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise InvalidRequest(
-                f"messages.{i}: must be an object with a string 'role'", param=f"messages.{i}"
+                f"messages.{i}: must be an object with role 'user' or 'assistant'",
+                param=f"messages.{i}",
             )
+        if not _is_content(m.get("content")):
+            raise InvalidRequest(
+                f"messages.{i}.content: must be a string or an array of content blocks",
+                param=f"messages.{i}.content",
+            )
+    system = doc.get("system")
+    if system is not None and not _is_content(system):
+        raise InvalidRequest("system: must be a string or an array of text blocks",
+                             param="system")
+    tools = doc.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise InvalidRequest("tools: must be an array of tool objects", param="tools")
     cap = doc.get("max_tokens")
-    if need_max_tokens and (type(cap) is not int or cap < 1):
-        raise InvalidRequest("max_tokens: Field required (an integer ≥ 1)", param="max_tokens")
+    if cap is None and need_max_tokens:
+        raise InvalidRequest("max_tokens: Field required", param="max_tokens")
+    if cap is not None and (type(cap) is not int or cap < 1):
+        raise InvalidRequest("max_tokens: must be an integer ≥ 1", param="max_tokens")
     stream = doc.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("stream: must be a boolean", param="stream")
