@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The speedgate gateway image (also carries the engine simulator, `speedgate-sim`, for CPU stacks).
 #
 #   docker build -t speedgate:local .
@@ -6,12 +5,22 @@
 #
 # Config: mount a YAML file at /etc/speedgate/speedgate.yaml (or pass --config PATH), and override
 # any field with SPEEDGATE_<SECTION>__<FIELD> environment variables (they win over file and flags).
+#
+# Needs BuildKit (Docker 23+ by default; DOCKER_BUILDKIT=1 on 20.10) for RUN --mount. No
+# `# syntax=` line on purpose: it would make BuildKit fetch a frontend image from Docker Hub, and
+# the built-in frontend has everything used here, so the build works with no registry at all.
+# Without a registry or network (deploy/offline/test-stack.sh), only build arguments differ:
+#   PYTHON_IMAGE    a local Debian bookworm image with python3 and pip (deploy/offline/base-images.sh)
+#   PIP_NO_INDEX=1 PIP_FIND_LINKS=/src/.docker-wheels   wheels downloaded on the host beforehand
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---- build: wheels for speedgate and every dependency, from pyproject.toml --------------------
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
+# pip reads these from the environment; unset (the default) = the package index as usual.
+ARG PIP_NO_INDEX
+ARG PIP_FIND_LINKS
 # .dockerignore lets in only pyproject.toml, README.md and the two packages.
 COPY . .
 # One wheel per distribution in /wheels; the runtime stage installs from there with no index, so
@@ -33,8 +42,10 @@ USER 10001:10001
 EXPOSE 8080
 # /healthz answers while the process serves (liveness); /readyz is for load balancers.
 # SPEEDGATE_SERVER__PORT, when set, overrides the port, so the probe follows it.
-HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('SPEEDGATE_SERVER__PORT', '8080'), timeout=2)"]
+# Timeout and start period sized for a busy small host (2 shared cores, several containers
+# starting at once): a Python probe alone can take seconds there, and the gateway's import ~20 s.
+HEALTHCHECK --interval=10s --timeout=10s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('SPEEDGATE_SERVER__PORT', '8080'), timeout=8)"]
 # One uvicorn worker (server.workers: 1): the gateway is async and each worker would route with its
 # own in-flight counts and affinity table; scale with more containers. SPEEDGATE_SERVER__WORKERS
 # raises it where one process is all a host gets.

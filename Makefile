@@ -61,3 +61,7 @@ capacity: $(STAMP)  ## concurrent slow streams one gateway process holds, memory
 .PHONY: bench-flow
 bench-flow: $(STAMP)  ## flow control: interactive TTFT under a batch-agent flood, off vs on (ARGS=...)
 	$(BIN)/python -m loadtests.bench_flow_control --plot loadtests/results/bench_flow_control.png $(ARGS)
+
+.PHONY: stack-test
+stack-test: $(STAMP)  ## build the image, run the compose cpu stack under Docker, check it (deploy/test-stack.sh)
+	bash deploy/offline/ci-stack.sh

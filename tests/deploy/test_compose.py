@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.deploy import composefile as cf
+from tests.deploy import dockerfile as df
 from tests.deploy.tools import BIN, DEPLOY, PROFILES, REPO
 
 PROFILE_IDS = [",".join(p) for p in cf.PROFILE_SETS]
@@ -229,3 +230,45 @@ def test_compose_builds_the_gateway_image_from_the_repo(doc: dict) -> None:
         build = doc["services"][name]["build"]
         assert (DEPLOY / build["context"]).resolve() == REPO
         assert (REPO / build["dockerfile"]).is_file()
+
+
+@pytest.mark.parametrize("stack", ["cpu", "gpu"])
+def test_gateway_state_is_the_redis_service(doc: dict, stack: str) -> None:
+    """The gateway config of each profile points state.redis_url at the profile's Redis."""
+    svc = cf.active_services(doc, (stack,))
+    gw = next(s for s in svc.values() if "gateway" in cf.aliases(s))
+    mount = next(v for v in gw["volumes"] if v.endswith(":/etc/speedgate/speedgate.yaml:ro"))
+    config = yaml.safe_load((DEPLOY / mount.split(":")[0]).read_text())
+    url = urlsplit(config["state"]["redis_url"])
+    assert url.scheme == "redis" and url.hostname in svc and url.port == 6379
+    assert "redis" in gw["depends_on"]
+    # Redis refuses clients from other hosts with no password unless protected mode is off (the
+    # official image's entrypoint turns it off, a plain redis-server does not).
+    command = svc[url.hostname]["command"]
+    assert command[command.index("--protected-mode") + 1] == "no"
+
+
+def test_redis_image_is_a_setting() -> None:
+    """A Redis image built locally can stand in where redis:7 cannot be pulled."""
+    assert "${REDIS_IMAGE:-redis:7" in cf.COMPOSE.read_text()
+    assert cf.read_env_file()["REDIS_IMAGE"].startswith("redis:7")
+    assert cf.load(REDIS_IMAGE="local/redis:7")["services"]["redis"]["image"] == "local/redis:7"
+
+
+def _seconds(value: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    unit = next(u for u in ("ms", "s", "m", "h") if value.endswith(u))
+    return float(value[: -len(unit)]) * units[unit]
+
+
+def test_healthchecks_leave_room_on_a_busy_host(doc: dict) -> None:
+    """On a small host every container starts at once: a probe (a Python interpreter) can take
+    seconds, a Python service ~20 s to import; tight limits mark healthy containers unhealthy."""
+    checks = {n: s["healthcheck"] for n, s in cf.active_services(doc, ("cpu",)).items()
+              if "healthcheck" in s}
+    assert {"redis", "sim-standard-1", "sim-fast-1"} <= set(checks)
+    for name, hc in checks.items():
+        assert _seconds(hc["timeout"]) >= 10, name
+        assert _seconds(hc.get("start_period", "0s")) >= 30, name
+    image_check = next(a for w, a in df.final_stage(df.instructions()) if w == "HEALTHCHECK")
+    assert "--timeout=10s" in image_check and "--start-period=60s" in image_check

@@ -5,29 +5,34 @@ the Dockerfile's ENTRYPOINT with the service's command and environment, on the c
 service mounts. Two things differ, because the services share this host instead of a network:
 every listening port is replaced by port 0 (each server reports the port it bound), and every
 service name in the gateway config by 127.0.0.1 (the port map keeps each endpoint pointing at
-its own service). Redis is not started:
-nothing in the gateway talks to it yet.
+its own service). The `redis` service is the tests' local Redis (127.0.0.1:6379,
+tests/ensure-redis.sh), which the gateway's ``state.redis_url`` is pointed at.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.telemetry.usage_store import RedisUsageStore
 from tests.deploy import composefile as cf
 from tests.deploy import dockerfile as df
+from tests.deploy import stack_checks
 from tests.deploy.processes import start_on_port0, stop_processes, wait_http
 from tests.deploy.tools import BIN, DEPLOY
 
 CONFIG_IN_CONTAINER = "/etc/speedgate/speedgate.yaml"
+REDIS_PORT = 6379  # in the compose network and on this host (tests/ensure-redis.sh)
 
 
 def _exe(name: str) -> str:
@@ -98,6 +103,10 @@ class CpuStack:
                     assert u.port == cf.listen_port(self.services[u.hostname])
                     local.append(f"http://127.0.0.1:{self.ports[u.hostname]}")
                 pool["endpoints"] = local
+        state = config.get("state") or {}
+        url = urlsplit(state.get("redis_url") or "")
+        assert url.hostname == "redis" and url.port == REDIS_PORT, "the compose service redis"
+        state["redis_url"] = url._replace(netloc=f"127.0.0.1:{REDIS_PORT}").geturl()
         path = self.tmp / "speedgate.yaml"
         path.write_text(yaml.safe_dump(config))
         return path
@@ -160,3 +169,16 @@ def _metric_names(expr: str) -> set[str]:
     label_names = {n.strip() for group in labels for n in group.split(",")}
     names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", re.sub(r"\[[^\]]*\]", "", expr)))
     return {n for n in names if n not in functions | label_names and ("_" in n or ":" in n)}
+
+
+def test_user_checks_pass_and_the_state_is_in_redis(stack: CpuStack) -> None:
+    """The checks deploy/test-stack.sh runs against the containers (tests/deploy/stack_checks.py),
+    here against the same services as processes; the session's usage totals are in Redis."""
+    session = f"cpu-profile-{uuid.uuid4().hex}"
+    stack_checks.check_api(stack.gateway_url, session)
+    client = redis.Redis(host="127.0.0.1", port=REDIS_PORT)
+    try:
+        key = RedisUsageStore(client).session_hash(session)
+        assert int(client.hget(key, "requests") or 0) == stack_checks.API_REQUESTS
+    finally:
+        client.close()

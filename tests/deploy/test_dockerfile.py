@@ -85,3 +85,14 @@ def test_build_context_is_only_the_package() -> None:
     readme = tomllib.loads((REPO / "pyproject.toml").read_text())["project"].get("readme")
     if readme:
         assert df.in_context(readme), "the wheel's metadata reads the readme"
+
+
+def test_builds_with_no_registry() -> None:
+    """No `# syntax=` directive (BuildKit would pull that frontend image from Docker Hub), and
+    pip's index can be swapped for local wheels by build arguments alone."""
+    first = df.DOCKERFILE.read_text().splitlines()[0]
+    assert not first.replace(" ", "").lower().startswith("#syntax="), first
+    build = INSTRS[: max(i for i, (w, _) in enumerate(INSTRS) if w == "FROM")]
+    args = {a.split("=")[0] for w, a in build if w == "ARG"}
+    assert {"PYTHON_IMAGE", "PIP_NO_INDEX", "PIP_FIND_LINKS"} <= args
+    assert df.in_context(".docker-wheels/pydantic-2.0-py3-none-any.whl")

@@ -168,3 +168,13 @@ def test_gpu_engines_request_their_gpus_and_run_the_profiles() -> None:
         assert mounts["/dev/shm"] == "dshm" and "/profiles" in mounts
         assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 1800
         assert sts["spec"]["podManagementPolicy"] == "Parallel"
+
+
+def test_gateway_state_is_the_redis_service(objs: list[dict]) -> None:
+    """The gateways share their state through the Redis the manifests run (not per-pod memory)."""
+    url = urlsplit(_gateway_config(objs)["state"]["redis_url"])
+    svc = one(objs, "Service", "redis")
+    assert url.scheme == "redis" and url.hostname == "redis"
+    assert url.port in {p["port"] for p in svc["spec"]["ports"]}
+    (container,) = one(objs, "Deployment", "redis")["spec"]["template"]["spec"]["containers"]
+    assert container["image"].startswith("redis:7"), "set by the kustomization's images: entry"
