@@ -4,6 +4,7 @@
 # network (base images made locally: deploy/offline/base-images.sh).
 #
 #   deploy/test-stack.sh          # or: make stack-test (which also starts an engine if needed)
+#   deploy/test-stack.sh down     # remove the stack an interrupted run left behind
 #
 # 1. local base images (cached): Debian bookworm + Python 3.11 as PYTHON_IMAGE, and Redis (the
 #    usual image when it can be pulled, else Debian's redis-server);
@@ -65,6 +66,11 @@ else
 fi
 [ -x "$PY" ] || fail "$PY missing: run make install"
 compose() { "${COMPOSE[@]}" -f "$COMPOSE_FILE" "$@"; }
+export COMPOSE_PROJECT_NAME=$PROJECT COMPOSE_PROFILES=cpu SPEEDGATE_IMAGE=speedgate:local
+if [ "${1:-}" = down ]; then  # `deploy/test-stack.sh down`: remove what an interrupted run left
+  compose down --volumes --remove-orphans --timeout 5
+  exit
+fi
 say "engine $("$DOCKER" version --format '{{.Server.Version}}'), CLI $DOCKER, compose: ${COMPOSE[*]} $("${COMPOSE[@]}" version --short 2>/dev/null || true)"
 
 # ---- 1. base images -------------------------------------------------------------------------
@@ -73,32 +79,50 @@ eval "$(deploy/offline/base-images.sh)"   # PYTHON_IMAGE=..., REDIS_IMAGE=...
 say "base images ($((SECONDS - t)) s): PYTHON_IMAGE=$PYTHON_IMAGE REDIS_IMAGE=$REDIS_IMAGE"
 
 # ---- 2. wheels ------------------------------------------------------------------------------
+# The project's dependencies and its build backend (the image builds speedgate's own wheel from
+# source with no index: PIP_NO_INDEX). Downloaded by this host's pip, but environment markers must
+# be those of the image's interpreter (Debian's Python 3.11.2 needs async-timeout for redis-py,
+# a newer 3.11 does not): the image's own pip, with no network, names what is still missing,
+# and the host fetches it, until the image's pip resolves everything from the folder.
 t=$SECONDS
 WHEELS=.docker-wheels
-key=$(sha256sum pyproject.toml | cut -c1-16)
+key=$( (cat pyproject.toml; echo "$PYTHON_IMAGE") | sha256sum | cut -c1-16)
 if [ "$(cat "$WHEELS/.key" 2>/dev/null)" != "$key" ]; then
   rm -rf "$WHEELS" && mkdir -p "$WHEELS"
-  # The project's dependencies and its build backend (the image builds speedgate's own wheel
-  # from source, with no index: PIP_NO_INDEX).
   "$PY" -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb"))
 print("\n".join(d["project"]["dependencies"] + d["build-system"]["requires"]))' > "$WHEELS/requirements.txt"
-  nice -n 10 "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$WHEELS" \
-    -r "$WHEELS/requirements.txt"
+  fetch=("${WHEELS}/requirements.txt")
+  for round in 1 2 3 4 5 6; do
+    nice -n 10 "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$WHEELS" \
+      -r "${fetch[@]}" 2> >(grep -v "^WARNING: Location" >&2)
+    missing=$("$DOCKER" run --rm --network none -v "$PWD/$WHEELS:/wheels:ro" "$PYTHON_IMAGE" \
+      pip download --quiet --no-index --find-links /wheels --dest /tmp/resolved \
+      -r /wheels/requirements.txt 2>&1 | sed -n 's/^ERROR: No matching distribution found for //p' \
+      | cut -d';' -f1 || true)
+    [ -z "$missing" ] && break
+    [ "$round" -lt 6 ] || fail "wheels still missing for $PYTHON_IMAGE: $missing"
+    say "the image's Python also needs: $(echo "$missing" | tr '\n' ' ')"
+    printf '%s\n' "$missing" > "$WHEELS/extra-$round.txt"
+    fetch=("$WHEELS/extra-$round.txt")
+  done
   echo "$key" > "$WHEELS/.key"
 fi
 say "wheels ($((SECONDS - t)) s): $(find "$WHEELS" -name '*.whl' | wc -l) in $WHEELS/"
 
 # ---- 3. image -------------------------------------------------------------------------------
 t=$SECONDS
-nice -n 10 "$DOCKER" build --quiet -t speedgate:local \
+BUILD_LOG=${TMPDIR:-/tmp}/speedgate-stack-build.log
+nice -n 10 "$DOCKER" build -t speedgate:local \
   --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" \
-  --build-arg PIP_NO_INDEX=1 --build-arg "PIP_FIND_LINKS=/src/$WHEELS" . >/dev/null
+  --build-arg PIP_NO_INDEX=1 --build-arg "PIP_FIND_LINKS=/src/$WHEELS" . >"$BUILD_LOG" 2>&1 \
+  || { tail -40 "$BUILD_LOG"; fail "docker build (log: $BUILD_LOG)"; }
 BUILD_S=$((SECONDS - t))
 SIZE_MB=$(( $("$DOCKER" image inspect -f '{{.Size}}' speedgate:local) / 1000000 ))
 say "built speedgate:local in $BUILD_S s, image $SIZE_MB MB"
 
 # ---- 4. the stack ---------------------------------------------------------------------------
-export COMPOSE_PROJECT_NAME=$PROJECT COMPOSE_PROFILES=cpu SPEEDGATE_IMAGE=speedgate:local
+# The README's cpu stack, with its own project name, the locally made Redis image, the gateway on
+# a free loopback port (0: Docker picks one) and the simulator 5x faster than modelled speed.
 export REDIS_IMAGE GATEWAY_BIND=127.0.0.1 GATEWAY_PORT=0 SIM_TIME_SCALE=0.2
 
 leftovers() {
@@ -134,17 +158,23 @@ wait_healthy() {
       "$DOCKER" inspect -f '{{.Name}}={{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$id"
     done)
     if [ -n "$ids" ] && ! grep -qv '=healthy$' <<<"$states"; then return 0; fi
-    [ "$SECONDS" -lt "$end" ] || fail "not healthy after ${READY_TIMEOUT}s: $(echo $states)"
+    [ "$SECONDS" -lt "$end" ] || fail "not healthy after ${READY_TIMEOUT}s: $(tr '\n' ' ' <<<"$states")"
     sleep 2
   done
+}
+
+# the published gateway address (GATEWAY_PORT=0: a new port each time the container starts)
+gateway_url() {
+  local port
+  port=$(compose port gateway-sim 8080)
+  URL="http://${port/0.0.0.0/127.0.0.1}"
 }
 
 compose down --volumes --remove-orphans --timeout 5 >/dev/null 2>&1 || true  # an earlier run's
 t=$SECONDS
 compose up -d --no-build >/dev/null 2>&1 || { compose up -d --no-build; fail "compose up"; }
 wait_healthy
-port=$(compose port gateway-sim 8080)
-URL="http://${port/0.0.0.0/127.0.0.1}"
+gateway_url
 READY_S=$((SECONDS - t))
 say "stack healthy in ${READY_S} s (start-to-ready); gateway at $URL"
 
@@ -160,11 +190,13 @@ uid=$("$DOCKER" exec "$gw" sh -c "awk '/^Uid:/ {print \$2}' /proc/1/status")
 say "gateway process (pid 1) runs as uid $uid, the image's non-root USER $user"
 
 keys=$(compose exec -T redis redis-cli --scan --pattern 'speedgate:*' | sed 's/:[^:]*$//' | sort | uniq -c)
-grep -q 'speedgate:usage' <<<"$keys" && grep -q 'speedgate:route' <<<"$keys" \
-  || fail "no gateway state in Redis: $keys"
-say "gateway state in Redis: $(echo $keys)"
+if ! grep -q 'speedgate:usage' <<<"$keys" || ! grep -q 'speedgate:route' <<<"$keys"; then
+  fail "no gateway state in Redis: $keys"
+fi
+say "gateway state in Redis (keys by prefix): $(tr -s ' \n' ' ' <<<"$keys")"
 compose restart gateway-sim >/dev/null 2>&1
 wait_healthy
+gateway_url
 checks ledger || fail "usage totals lost across a gateway restart"
 say "usage totals kept across a gateway restart (they live in Redis)"
 

@@ -27,17 +27,16 @@ REDIS_PACKAGES="redis-server"
 
 log() { echo "[base-images] $*" >&2; }
 
-# rootfs NAME PACKAGES HOOK... -> path of a cached tarball (built when absent)
+# rootfs NAME PACKAGES -> path of a cached tarball (built when absent)
 rootfs() {
-  local name=$1 packages=$2; shift 2
+  local name=$1 packages=$2
   local key
-  key=$(printf '%s\n' "$SUITE" "$MIRROR" "$packages" "$@" | sha256sum | cut -c1-12)
+  key=$(printf '%s\n' "$SUITE" "$MIRROR" "$packages" | sha256sum | cut -c1-12)
   local tar="$CACHE/$name-$SUITE-$key.tar"
   if [ ! -s "$tar" ]; then
     command -v mmdebstrap >/dev/null || { log "mmdebstrap is missing (apt-get install mmdebstrap)"; exit 3; }
     log "building the $name root filesystem from $MIRROR (cached as $tar)"
-    local t0=$SECONDS hooks=()
-    for h in "$@"; do hooks+=("--customize-hook=$h"); done
+    local t0=$SECONDS
     "${NICE[@]}" mmdebstrap --quiet --variant=minbase --mode=root --format=tar \
       --aptopt='APT::Install-Recommends "false"' \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -51,22 +50,26 @@ rootfs() {
   echo "$tar"
 }
 
-# image TAG TARBALL CHANGE... : import unless the engine already has TAG
+# image TAG TARBALL [DOCKERFILE-LINES]: `docker import` TARBALL, then, on top of it, a build of
+# the given Dockerfile lines (no network needed: they only edit files and set metadata); skipped
+# when the engine already has TAG.
 image() {
-  local tag=$1 tar=$2; shift 2
+  local tag=$1 tar=$2 lines=${3:-}
   if "$DOCKER" image inspect "$tag" >/dev/null 2>&1; then return; fi
-  local changes=()
-  for c in "$@"; do changes+=(--change "$c"); done
   log "importing $tag"
-  "$DOCKER" import "${changes[@]}" "$tar" "$tag" >/dev/null
+  "$DOCKER" import "$tar" "$tag-rootfs" >/dev/null
+  printf 'FROM %s\n%s\n' "$tag-rootfs" "$lines" | "$DOCKER" build --quiet -t "$tag" - >/dev/null
+  "$DOCKER" rmi "$tag-rootfs" >/dev/null
 }
 
 # ---- Python base (PYTHON_IMAGE of the Dockerfile) ------------------------------------------
-py_tar=$(rootfs python "$PY_PACKAGES" \
-  'rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
-  'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*')
+py_tar=$(rootfs python "$PY_PACKAGES")
 py_tag="speedgate-base/python:3.11-bookworm-$(basename "$py_tar" .tar | rev | cut -d- -f1 | rev)"
-image "$py_tag" "$py_tar" 'ENV LANG=C.UTF-8' 'CMD ["python3"]'
+# Debian marks its Python externally managed (PEP 668); the official image's is not, and the
+# Dockerfile's `pip install` into it is the point of the image.
+image "$py_tag" "$py_tar" 'RUN rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
+ENV LANG=C.UTF-8
+CMD ["python3"]'
 echo "PYTHON_IMAGE=$py_tag"
 
 # ---- Redis: the usual image when the engine has it or can pull it, else a local one ----------
@@ -76,10 +79,11 @@ if "$DOCKER" image inspect "$want" >/dev/null 2>&1 \
   echo "REDIS_IMAGE=$want"
 else
   log "$want cannot be pulled: using Debian's redis-server"
-  redis_tar=$(rootfs redis "$REDIS_PACKAGES" \
-    'rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*')
+  redis_tar=$(rootfs redis "$REDIS_PACKAGES")
   redis_tag="speedgate-base/redis:7-bookworm-$(basename "$redis_tar" .tar | rev | cut -d- -f1 | rev)"
   # The package's own `redis` system user; /var/lib/redis is its working directory.
-  image "$redis_tag" "$redis_tar" 'USER redis' 'WORKDIR /var/lib/redis' 'CMD ["redis-server"]'
+  image "$redis_tag" "$redis_tar" 'USER redis
+WORKDIR /var/lib/redis
+CMD ["redis-server"]'
   echo "REDIS_IMAGE=$redis_tag"
 fi

@@ -6,7 +6,7 @@
 # Exit 0 = passed or skipped (a `SKIP: ...` line says why: no engine can be had here), 1 = failed
 # or ran past STACK_TIME_LIMIT seconds (default 540: ~7 min cold, ~1 min with cached images).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 LIMIT=${STACK_TIME_LIMIT:-540}
 
 rc=0
