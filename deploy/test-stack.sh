@@ -75,7 +75,8 @@ say "engine $("$DOCKER" version --format '{{.Server.Version}}'), CLI $DOCKER, co
 
 # ---- 1. base images -------------------------------------------------------------------------
 t=$SECONDS
-eval "$(deploy/offline/base-images.sh)"   # PYTHON_IMAGE=..., REDIS_IMAGE=...
+images=$(deploy/offline/base-images.sh) || fail "base images (deploy/offline/base-images.sh)"
+eval "$images"   # PYTHON_IMAGE=..., REDIS_IMAGE=...
 say "base images ($((SECONDS - t)) s): PYTHON_IMAGE=$PYTHON_IMAGE REDIS_IMAGE=$REDIS_IMAGE"
 
 # ---- 2. wheels ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 # of what goes into them; an image already in the engine is reused. Needs root (mmdebstrap runs
 # package scripts in a chroot) and a reachable Debian mirror ($DEBIAN_MIRROR).
 set -euo pipefail
+shopt -s inherit_errexit  # a failed import or build inside $(image ...) stops the script
 
 DOCKER=${DOCKER:-docker}
 CACHE=${SPEEDGATE_CACHE:-$HOME/.cache/speedgate/docker}
@@ -55,22 +56,28 @@ rootfs() {
 # when the engine already has TAG.
 image() {
   local tag=$1 tar=$2 lines=${3:-}
-  if "$DOCKER" image inspect "$tag" >/dev/null 2>&1; then return; fi
+  if "$DOCKER" image inspect "$tag" >/dev/null 2>&1; then echo "$tag"; return; fi
   log "importing $tag"
   "$DOCKER" import "$tar" "$tag-rootfs" >/dev/null
   printf 'FROM %s\n%s\n' "$tag-rootfs" "$lines" | "$DOCKER" build --quiet -t "$tag" - >/dev/null
   "$DOCKER" rmi "$tag-rootfs" >/dev/null
+  echo "$tag"
+}
+
+# tag NAME TARBALL LINES: NAME plus a hash of what makes the image (root filesystem and lines)
+tag() {
+  echo "$1-$( (basename "$2"; printf '%s' "$3") | sha256sum | cut -c1-12)"
 }
 
 # ---- Python base (PYTHON_IMAGE of the Dockerfile) ------------------------------------------
 py_tar=$(rootfs python "$PY_PACKAGES")
-py_tag="speedgate-base/python:3.11-bookworm-$(basename "$py_tar" .tar | rev | cut -d- -f1 | rev)"
 # Debian marks its Python externally managed (PEP 668); the official image's is not, and the
 # Dockerfile's `pip install` into it is the point of the image.
-image "$py_tag" "$py_tar" 'RUN rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
+py_lines='RUN rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
 ENV LANG=C.UTF-8
 CMD ["python3"]'
-echo "PYTHON_IMAGE=$py_tag"
+echo "PYTHON_IMAGE=$(image "$(tag speedgate-base/python:3.11-bookworm "$py_tar" "$py_lines")" \
+  "$py_tar" "$py_lines")"
 
 # ---- Redis: the usual image when the engine has it or can pull it, else a local one ----------
 want=${REDIS_IMAGE:-redis:7.4-alpine}
@@ -80,10 +87,10 @@ if "$DOCKER" image inspect "$want" >/dev/null 2>&1 \
 else
   log "$want cannot be pulled: using Debian's redis-server"
   redis_tar=$(rootfs redis "$REDIS_PACKAGES")
-  redis_tag="speedgate-base/redis:7-bookworm-$(basename "$redis_tar" .tar | rev | cut -d- -f1 | rev)"
   # The package's own `redis` system user; /var/lib/redis is its working directory.
-  image "$redis_tag" "$redis_tar" 'USER redis
+  redis_lines='USER redis
 WORKDIR /var/lib/redis
 CMD ["redis-server"]'
-  echo "REDIS_IMAGE=$redis_tag"
+  echo "REDIS_IMAGE=$(image "$(tag speedgate-base/redis:7-bookworm "$redis_tar" "$redis_lines")" \
+    "$redis_tar" "$redis_lines")"
 fi
