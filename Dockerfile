@@ -9,8 +9,8 @@
 # Needs BuildKit (Docker 23+ by default; DOCKER_BUILDKIT=1 on 20.10) for RUN --mount. No
 # `# syntax=` line on purpose: it would make BuildKit fetch a frontend image from Docker Hub, and
 # the built-in frontend has everything used here, so the build works with no registry at all.
-# Without a registry or network (deploy/offline/test-stack.sh), only build arguments differ:
-#   PYTHON_IMAGE    a local Debian bookworm image with python3 and pip (deploy/offline/base-images.sh)
+# With no registry or network (deploy/test-stack.sh, `make stack-test`) only build arguments differ:
+#   PYTHON_IMAGE  a local Debian bookworm image with python3 and pip (deploy/offline/base-images.sh)
 #   PIP_NO_INDEX=1 PIP_FIND_LINKS=/src/.docker-wheels   wheels downloaded on the host beforehand
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
