@@ -8,14 +8,27 @@ STAMP := $(VENV)/.installed-dev
 
 .PHONY: install demo test test-unit test-e2e lint bench bench-clients clean
 
-# `make demo` needs only the runtime; `make test` and the rest add the dev and test extras.
+# Installs into the venv with uv when it can be had (it resolves and downloads in parallel:
+# ~4 s cold for the runtime here, against ~25 s for pip; the host's pip puts uv into the venv
+# in ~3 s), else with pip (ensurepip first). NO_UV=1 forces pip.
+define venv_install
+	if [ -z "$(NO_UV)" ] && { [ -x $(BIN)/uv ] || $(PYTHON) -m pip --python $(BIN)/python \
+	    install --quiet --disable-pip-version-check uv; }; then \
+	  $(BIN)/uv pip install --quiet --python $(BIN)/python $(1); \
+	else \
+	  { [ -x $(BIN)/pip ] || $(BIN)/python -m ensurepip --default-pip >/dev/null; } && $(PIP) $(1); \
+	fi
+endef
+
+# `make demo` needs only the runtime; `make test` and the rest add the dev and test extras (and
+# pip, which the packaging tests run).
 $(RUNTIME): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) -e .
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(call venv_install,-e .)
 	touch $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
-	$(PIP) -e '.[dev]'
+	$(call venv_install,-e '.[dev]' pip)
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install speedgate with its dev extras
