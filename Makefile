@@ -20,15 +20,15 @@ define venv_install
 	fi
 endef
 
-# `make demo` needs only the runtime; `make test` and the rest add the dev and test extras (and
-# pip, which the packaging tests run).
+# `make demo` needs only the runtime (and pip, for the `pip install openai` the demo suggests);
+# `make test` and the rest add the dev and test extras.
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv --without-pip $(VENV)
-	$(call venv_install,-e .)
+	$(call venv_install,-e . pip)
 	touch $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
-	$(call venv_install,-e '.[dev]' pip)
+	$(call venv_install,-e '.[dev]')
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install speedgate with its dev extras
