@@ -2,7 +2,14 @@
 fast; once the fast pool is saturated new sessions go standard, while a session whose long
 conversation is cached on fast stays there (the re-prefill would cost more than the gain).
 Reasons in ``x-speedgate-auto-reason``, the serving tier in ``x-speedgate-tier`` and
-``service_tier``."""
+``service_tier``.
+
+Saturation is made unambiguous, so that a loaded machine cannot flip a decision: the fast pool
+holds ``HELD`` streams in flight (the in-flight count the decision reads as the pool's load),
+each emitting one event a second, so they cost next to no CPU and none finishes (feeds the
+estimates) before the decisions; the test waits until every one is streaming, not a fixed time.
+Exploration is off (``explore_stale_s`` an hour): a stale pool's random exploration, which a
+slow machine could trigger, is tested in ``tests/unit/plan/auto``."""
 
 from __future__ import annotations
 
@@ -20,6 +27,12 @@ from tests.e2e.stack import MODEL, Stack
 pytestmark = pytest.mark.e2e
 
 
+#: Streams held in flight on the one fast replica: at this load the fast pool's predicted time for
+#: a short request is ~2× the idle standard pool's (its load slope, ``RELATIVE_SLOPE``), while a
+#: session with ~22k tokens cached on fast still finishes sooner there (standard re-prefills).
+HELD = 80
+
+
 @pytest.fixture(scope="module")
 def auto_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # one replica per tier at real speed (time-scale 1): 12 ms/token standard, ~6 fast idle
@@ -28,6 +41,7 @@ def auto_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         replicas_per_tier=1,
         sim_args=("--time-scale", "1", "--output-tokens", "32"),
         config_extra={},
+        model_overrides={"auto": {"explore_stale_s": 3600}},
     )
     s.start()
     try:
@@ -53,8 +67,9 @@ async def _post(http: aiohttp.ClientSession, url: str, doc: dict, tier: str,
 
 async def _scenario(url: str) -> dict[str, tuple[str, str, str]]:
     out: dict[str, tuple[str, str, str]] = {}
-    long_ctx = "the build log says: test passed, module ok. " * 1000  # ~45k chars ≈ 11k tokens
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+    long_ctx = "the build log says: test passed, module ok. " * 2000  # ~90k chars ≈ 22k tokens
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120),
+                                     connector=aiohttp.TCPConnector(limit=0)) as http:
         # warm both pools' estimates at light load (streams: TTFT and decode measured)
         for i in range(4):
             for tier in ("standard", "fast"):
@@ -69,22 +84,35 @@ async def _scenario(url: str) -> dict[str, tuple[str, str, str]]:
                          service_tier)
 
         await auto("idle", _doc("hello"), "new-1")
-        await auto("long-1", _doc(long_ctx), "long")  # its 11k-token prefix now cached on fast
+        await auto("long-1", _doc(long_ctx), "long")  # its 22k-token prefix now cached on fast
 
         stop = asyncio.Event()
+        streaming: list[int] = []
+        all_streaming = asyncio.Event()
+        # one event a second for 50 s: in flight through the decisions, never stalled (3 s)
+        held = {**_doc("busy", True), "sim_faults": {"chunks": ["x"] * 50,
+                                                     "chunk_interval_s": 1.0}}
 
-        async def hog() -> None:  # closed-loop fixed-fast traffic that saturates the fast pool
-            while not stop.is_set():
-                await _post(http, url, _doc("busy", True), "fast")
+        async def hold(i: int) -> None:  # one stream in flight on the fast pool until stopped
+            async with http.post(url + "/v1/chat/completions", json=held,
+                                 headers={"x-speedgate-tier": "fast"}) as r:
+                assert r.status == 200, await r.read()
+                assert (await r.content.readline()).startswith(b"data: ")
+                streaming.append(i)
+                if len(streaming) == HELD:
+                    all_streaming.set()
+                await stop.wait()  # leaving the block hangs up: the gateway aborts upstream
 
-        hogs = [asyncio.create_task(hog()) for _ in range(80)]
+        holds = [asyncio.create_task(hold(i)) for i in range(HELD)]
         try:
-            await asyncio.sleep(4.0)  # requests at high load finish and feed the estimates
+            waiting = asyncio.ensure_future(all_streaming.wait())
+            await asyncio.wait([waiting, *holds], return_when=asyncio.FIRST_COMPLETED)
+            assert all_streaming.is_set(), [t.exception() for t in holds if t.done()]
             await auto("saturated", _doc("a new task"), "new-2")
             await auto("long-2", _doc(long_ctx + " next turn"), "long")
         finally:
             stop.set()
-            for t in hogs:
+            for t in holds:
                 with contextlib.suppress(Exception):
                     await t
     return out
@@ -95,9 +123,9 @@ def test_auto_goes_fast_when_idle_and_standard_when_fast_is_saturated(auto_stack
     assert out["idle"] == ("fast", "fast-faster", "priority"), out
     assert out["long-1"][0] == "fast", out
     assert out["saturated"] == ("standard", "fast-saturated", "default"), out
-    # the long session keeps its cache: the flip's re-prefill outweighs the gain
-    assert out["long-2"][0] == "fast" and out["long-2"][1] in (
-        "prefix-on-fast", "session-sticky"), out
+    # the long session keeps its cache: standard, idle, would re-prefill its 22k tokens; with
+    # equal caches standard would win (hence the reason), and no hysteresis is needed for it
+    assert out["long-2"] == ("fast", "prefix-on-fast", "priority"), out
     text = httpx.get(auto_stack.base_url + "/metrics").text
     assert 'speedgate_auto_decisions_total{model="mymodel",reason="fast-saturated",' \
            'tier="standard"}' in text
