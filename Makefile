@@ -9,12 +9,13 @@ STAMP := $(VENV)/.installed-dev
 .PHONY: install demo test test-unit test-e2e lint bench bench-clients clean
 
 # Installs into the venv with uv when it can be had (it resolves and downloads in parallel:
-# ~4 s cold for the runtime here, against ~25 s for pip; the host's pip puts uv into the venv
-# in ~3 s), else with pip (ensurepip first). NO_UV=1 forces pip.
+# ~4 s cold for the runtime here, against ~25 s for pip): the uv on PATH, else one that the
+# host's pip puts into the venv (~3 s); else with pip (ensurepip first). NO_UV=1 forces pip.
 define venv_install
-	if [ -z "$(NO_UV)" ] && { [ -x $(BIN)/uv ] || $(PYTHON) -m pip --python $(BIN)/python \
+	uv=$$(command -v uv || echo $(BIN)/uv); \
+	if [ -z "$(NO_UV)" ] && { [ -x "$$uv" ] || $(PYTHON) -m pip --python $(BIN)/python \
 	    install --quiet --disable-pip-version-check uv; }; then \
-	  $(BIN)/uv pip install --quiet --python $(BIN)/python $(1); \
+	  "$$uv" pip install --quiet --python $(BIN)/python $(1); \
 	else \
 	  { [ -x $(BIN)/pip ] || $(BIN)/python -m ensurepip --default-pip >/dev/null; } && $(PIP) $(1); \
 	fi
