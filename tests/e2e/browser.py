@@ -133,7 +133,6 @@ class Chromium:
         self.size = (width, height)
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
-        self._first: Page | None = None
 
     def launch(self, timeout_s: float = 30.0) -> None:
         """Start the browser (blocking until its DevTools endpoint answers: the port it bound
@@ -171,18 +170,6 @@ class Chromium:
             await http.close()
             raise
         return Page(ws, http, f"http://127.0.0.1:{self.port}/json/close/{target['id']}")
-
-    async def start(self, timeout_s: float = 30.0) -> Page:
-        """Launch the browser and open a tab in it (for one-off use; ``stop()`` ends both)."""
-        await asyncio.to_thread(self.launch, timeout_s)
-        self._first = await self.new_page()
-        return self._first
-
-    async def stop(self) -> None:
-        """Close the tab ``start()`` opened and stop the browser's process group."""
-        if self._first is not None:
-            await self._first.close()
-        await asyncio.to_thread(self.close)
 
     def close(self) -> None:
         """Stop the browser's process group (every tab with it)."""
