@@ -6,10 +6,13 @@ Reasons in ``x-speedgate-auto-reason``, the serving tier in ``x-speedgate-tier``
 
 Saturation is made unambiguous, so that a loaded machine cannot flip a decision: the fast pool
 holds ``HELD`` streams in flight (the in-flight count the decision reads as the pool's load),
-each emitting one event a second, so they cost next to no CPU and none finishes (feeds the
-estimates) before the decisions; the test waits until every one is streaming, not a fixed time.
-Exploration is off (``explore_stale_s`` an hour): a stale pool's random exploration, which a
-slow machine could trigger, is tested in ``tests/unit/plan/auto``."""
+each emitting one event a second, so they cost next to no CPU and none finishes before the
+decisions; then ``PROBES`` fast requests finish at that load with a token every ``SLOW_TPOT_S``
+(the simulator's ``chunk_interval_s``: the slowness a saturated pool shows, several times the
+CPU noise of a busy machine), so the estimator has measured fast at high load as well as idle.
+The test waits on conditions (every held stream streaming, the probes counted as finished),
+never a fixed time. Exploration is off (``explore_stale_s`` an hour): a stale pool's random
+exploration, which a slow machine could trigger, is tested in ``tests/unit/plan/auto``."""
 
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ pytestmark = pytest.mark.e2e
 #: a short request is ~2× the idle standard pool's (its load slope, ``RELATIVE_SLOPE``), while a
 #: session with ~22k tokens cached on fast still finishes sooner there (standard re-prefills).
 HELD = 80
+#: Fast requests measured at that load, and their seconds per output token (vs ~6 ms idle).
+PROBES = 3
+SLOW_TPOT_S = 0.03
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +69,15 @@ async def _post(http: aiohttp.ClientSession, url: str, doc: dict, tier: str,
         headers["x-session-id"] = session
     async with http.post(url + "/v1/chat/completions", json=doc, headers=headers) as r:
         return r.status, dict(r.headers), await r.read()
+
+
+async def _finished(http: aiohttp.ClientSession, url: str, tier: str) -> float:
+    """Requests the gateway has accounted as finished on ``tier`` (``speedgate_requests_total``;
+    the auto estimator learns from each in the same step)."""
+    async with http.get(url + "/metrics") as r:
+        text = await r.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("speedgate_requests_total{") and f'tier="{tier}"' in line)
 
 
 async def _scenario(url: str) -> dict[str, tuple[str, str, str]]:
@@ -108,6 +123,18 @@ async def _scenario(url: str) -> dict[str, tuple[str, str, str]]:
             waiting = asyncio.ensure_future(all_streaming.wait())
             await asyncio.wait([waiting, *holds], return_when=asyncio.FIRST_COMPLETED)
             assert all_streaming.is_set(), [t.exception() for t in holds if t.done()]
+            finished = await _finished(http, url, "fast")
+            slow = {**_doc("measured at high load", True),
+                    "sim_faults": {"chunks": ["y"] * 32, "chunk_interval_s": SLOW_TPOT_S}}
+            probes = await asyncio.gather(*(_post(http, url, slow, "fast")
+                                            for _ in range(PROBES)))
+            assert all(st == 200 for st, _, _ in probes), probes
+            for _ in range(600):  # the gateway accounts a request just after its end
+                if await _finished(http, url, "fast") >= finished + PROBES:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the probes were never accounted as finished")
             await auto("saturated", _doc("a new task"), "new-2")
             await auto("long-2", _doc(long_ctx + " next turn"), "long")
         finally:
