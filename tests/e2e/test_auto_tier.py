@@ -12,7 +12,8 @@ decisions; then ``PROBES`` fast requests finish at that load with a token every 
 CPU noise of a busy machine), so the estimator has measured fast at high load as well as idle.
 The test waits on conditions (every held stream streaming, the probes counted as finished),
 never a fixed time. Exploration is off (``explore_stale_s`` an hour): a stale pool's random
-exploration, which a slow machine could trigger, is tested in ``tests/unit/plan/auto``."""
+exploration, which a slow machine could trigger, is tested in
+``tests/unit/plan/test_auto_tier.py``."""
 
 from __future__ import annotations
 
