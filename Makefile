@@ -10,12 +10,13 @@ STAMP := $(VENV)/.installed-dev
 
 # Installs into the venv with uv when it can be had (it resolves and downloads in parallel:
 # ~4 s cold for the runtime here, against ~25 s for pip): the uv on PATH, else one that the
-# host's pip puts into the venv (~3 s); else with pip (ensurepip first). NO_UV=1 forces pip.
+# host's pip puts into the venv (~3 s). Where uv cannot be had or fails, pip does it (ensurepip
+# first). NO_UV=1 forces pip.
 define venv_install
 	uv=$$(command -v uv || echo $(BIN)/uv); \
 	if [ -z "$(NO_UV)" ] && { [ -x "$$uv" ] || $(PYTHON) -m pip --python $(BIN)/python \
-	    install --quiet --disable-pip-version-check uv; }; then \
-	  "$$uv" pip install --quiet --python $(BIN)/python $(1); \
+	    install --quiet --disable-pip-version-check uv; } && \
+	    "$$uv" pip install --quiet --python $(BIN)/python $(1); then :; \
 	else \
 	  { [ -x $(BIN)/pip ] || $(BIN)/python -m ensurepip --default-pip >/dev/null; } && $(PIP) $(1); \
 	fi
