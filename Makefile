@@ -8,14 +8,29 @@ STAMP := $(VENV)/.installed-dev
 
 .PHONY: install demo test test-unit test-e2e lint bench bench-clients clean
 
-# `make demo` needs only the runtime; `make test` and the rest add the dev and test extras.
+# Installs into the venv with uv when it can be had (it resolves and downloads in parallel:
+# ~4 s cold for the runtime here, against ~25 s for pip): the uv on PATH, else one that the
+# host's pip puts into the venv (~3 s). Where uv cannot be had or fails, pip does it (ensurepip
+# first). NO_UV=1 forces pip.
+define venv_install
+	uv=$$(command -v uv || echo $(BIN)/uv); \
+	if [ -z "$(NO_UV)" ] && { [ -x "$$uv" ] || $(PYTHON) -m pip --python $(BIN)/python \
+	    install --quiet --disable-pip-version-check uv; } && \
+	    "$$uv" pip install --quiet --python $(BIN)/python $(1); then :; \
+	else \
+	  { [ -x $(BIN)/pip ] || $(BIN)/python -m ensurepip --default-pip >/dev/null; } && $(PIP) $(1); \
+	fi
+endef
+
+# `make demo` needs only the runtime (and pip, for the `pip install openai` the demo suggests);
+# `make test` and the rest add the dev and test extras.
 $(RUNTIME): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) -e .
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(call venv_install,-e . pip)
 	touch $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
-	$(PIP) -e '.[dev]'
+	$(call venv_install,-e '.[dev]')
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install speedgate with its dev extras

@@ -1,12 +1,16 @@
 """A real headless browser for end-to-end tests: Chromium driven over the Chrome DevTools
 Protocol (CDP) with aiohttp's websocket client, no extra dependency.
 
-``Chromium.start()`` launches ``chromium --headless --remote-debugging-port=0`` in its own
+``Chromium.launch()`` starts ``chromium --headless --remote-debugging-port=0`` in its own
 process group (dying with the test process); Chromium binds a free port itself and writes it to
 ``DevToolsActivePort`` in its profile directory, which is read back (no port picked before its
-bind). ``Page`` offers what the tests need: navigate, evaluate JavaScript in the page, type into
-an input, a full-page PNG screenshot. ``find_chromium()`` is None when no browser is installed
-(the tests then skip; ``.ci/run`` installs Debian's ``chromium``).
+bind). One browser serves many tests: ``new_page()`` opens a fresh tab (its own session
+storage) driven over its own websocket, closed by ``Page.close()``; the ``chromium`` fixture of
+``tests/e2e/conftest.py`` launches one per test session, since a launch costs a second or more
+of CPU on a loaded 2-core machine. ``Page`` offers what the tests need: navigate, evaluate
+JavaScript in the page, type into an input, a full-page PNG screenshot. ``find_chromium()`` is
+None when no browser is installed (the tests then skip; ``.ci/run`` installs Debian's
+``chromium``).
 """
 
 from __future__ import annotations
@@ -38,12 +42,28 @@ def find_chromium() -> str | None:
 
 
 class Page:
-    """One tab, driven over its CDP websocket."""
+    """One tab, driven over its CDP websocket (``close()`` closes the tab and the socket)."""
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse,
+                 http: aiohttp.ClientSession | None = None, close_url: str | None = None) -> None:
         self.ws = ws
+        self._http = http
+        self._close_url = close_url
         self._ids = itertools.count(1)
         self._events: list[dict[str, Any]] = []
+
+    async def close(self) -> None:
+        """Close the tab (when the browser opened it for this page) and its HTTP session."""
+        if self._http is None:
+            return
+        try:
+            await self.ws.close()
+            if self._close_url:
+                async with self._http.get(self._close_url) as r:
+                    await r.read()
+        finally:
+            await self._http.close()
+            self._http = None
 
     async def call(self, method: str, timeout_s: float = 30.0, **params: Any) -> dict[str, Any]:
         """Send one CDP command and return its ``result`` (events that arrive meanwhile are
@@ -105,45 +125,57 @@ class Page:
 
 
 class Chromium:
-    """A headless Chromium process and a CDP session on its first tab."""
+    """A headless Chromium process; tabs are opened with ``new_page()``."""
 
     def __init__(self, executable: str, profile: Path, width: int = 1440, height: int = 1000):
         self.executable = executable
         self.profile = profile
         self.size = (width, height)
         self.proc: subprocess.Popen | None = None
-        self._http: aiohttp.ClientSession | None = None
+        self.port: int | None = None
 
-    async def start(self, timeout_s: float = 30.0) -> Page:
-        """Launch the browser and attach to its blank tab."""
+    def launch(self, timeout_s: float = 30.0) -> None:
+        """Start the browser (blocking until its DevTools endpoint answers: the port it bound
+        is read from ``DevToolsActivePort``). Raises ``RuntimeError`` when it does not start
+        within ``timeout_s`` seconds."""
         args = [self.executable, "--headless=new", "--disable-gpu", "--no-first-run",
                 "--no-default-browser-check", "--disable-extensions", "--mute-audio",
-                "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
-                f"--user-data-dir={self.profile}",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--remote-debugging-port=0",
+                "--remote-debugging-address=127.0.0.1", f"--user-data-dir={self.profile}",
                 f"--window-size={self.size[0]},{self.size[1]}", "about:blank"]
         if os.geteuid() == 0:
             args.insert(1, "--no-sandbox")  # Chromium refuses to run its sandbox as root
-        self.proc = await asyncio.to_thread(_launch, args, self.profile.parent / "chromium.log")
+        self.profile.mkdir(parents=True, exist_ok=True)
+        self.proc = _launch(args, self.profile.parent / "chromium.log")
         port_file = self.profile / "DevToolsActivePort"
         deadline = time.monotonic() + timeout_s
         while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("chromium did not start its DevTools endpoint")
-            await asyncio.sleep(0.05)
-        port = int(port_file.read_text().split()[0])
-        self._http = aiohttp.ClientSession()
-        async with self._http.get(f"http://127.0.0.1:{port}/json/list") as r:
-            targets = await r.json()
-        page = next(t for t in targets if t.get("type") == "page")
-        ws = await self._http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0)
-        return Page(ws)
+            time.sleep(0.05)
+        self.port = int(port_file.read_text().split()[0])
 
-    async def stop(self) -> None:
-        """Close the session and stop the browser's process group."""
-        if self._http is not None:
-            await self._http.close()
+    async def new_page(self) -> Page:
+        """A new blank tab in the running browser, with its own CDP websocket."""
+        if self.port is None:
+            raise RuntimeError("launch() the browser first")
+        http = aiohttp.ClientSession()
+        try:
+            # PUT: Chromium ≥ 111 refuses GET on /json/new
+            async with http.put(f"http://127.0.0.1:{self.port}/json/new?about:blank") as r:
+                target = await r.json(content_type=None)
+            ws = await http.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0)
+        except BaseException:
+            await http.close()
+            raise
+        return Page(ws, http, f"http://127.0.0.1:{self.port}/json/close/{target['id']}")
+
+    def close(self) -> None:
+        """Stop the browser's process group (every tab with it)."""
         if self.proc is not None:
-            await asyncio.to_thread(stop_processes, [self.proc])
+            stop_processes([self.proc])
+            self.proc = None
 
 
 def _launch(args: list[str], log_path: Path) -> subprocess.Popen:

@@ -43,6 +43,7 @@ class Stack:
     extra_endpoints: dict[str, list[str]] = field(default_factory=dict)  # non-simulator replicas
     health: dict = field(default_factory=lambda: {"interval_s": 0.5, "timeout_s": 1})
     config_extra: dict = field(default_factory=dict)  # top-level config sections (state, ...)
+    model_overrides: dict = field(default_factory=dict)  # merged into the model's config (auto)
     config: dict = field(default_factory=dict)
     tiers: tuple[str, ...] = ("standard", "fast")  # pools to start (aliases need both)
     procs: list[subprocess.Popen] = field(default_factory=list)
@@ -76,6 +77,7 @@ class Stack:
                     MODEL: {
                         **({"aliases": {f"{MODEL}-fast": "fast", f"{MODEL}-auto": "auto"},
                             "fallback": {"fast": "standard"}} if len(self.tiers) == 2 else {}),
+                        **self.model_overrides,
                         "tiers": {
                             tier: {
                                 "served_model_name": MODEL,

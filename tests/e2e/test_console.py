@@ -10,7 +10,6 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import orjson
@@ -21,7 +20,7 @@ from gateway.common.usage import Usage
 from gateway.config import Prices
 from gateway.console.sketch import RELATIVE_ACCURACY
 from gateway.telemetry.cost import cost_usd
-from tests.e2e.browser import Chromium, find_chromium
+from tests.e2e.browser import Chromium
 from tests.e2e.helpers import CHAT, metric
 from tests.e2e.stack import MODEL, Stack
 
@@ -37,8 +36,6 @@ ADMIN, ADMIN_HASH = new_key()
 APP, APP_HASH = new_key()
 MARKER = f"PROMPT-TEXT-{uuid.uuid4().hex}"  # in every prompt; must never reach the console
 STATE = "/v1/console/state"
-CHROMIUM = find_chromium()
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed")
 GAP_S = 0.01  # the simulators space content events this far apart (wall-clock seconds)
 
 
@@ -210,14 +207,12 @@ def test_the_page_is_served_without_data_and_root_redirects(stack: Stack) -> Non
     assert r.status_code == 307 and r.headers["location"] == "/console"
 
 
-@needs_browser
 async def test_the_page_asks_for_an_admin_key_in_a_real_browser(stack: Stack,
-                                                                tmp_path: Path) -> None:
+                                                                chromium: Chromium) -> None:
     """Headless Chromium: without a key the page shows the prompt and no data; a wrong key and
     a non-admin key are refused (and not kept); the admin key opens the console, lives in the
     tab's session storage only, and never appears in the URL or the page."""
-    browser = Chromium(CHROMIUM or "", tmp_path / "profile")
-    page = await browser.start()
+    page = await chromium.new_page()  # a fresh tab: empty session storage
     rows = "document.querySelectorAll('tr[data-replica]').length"
     prompt_shown = "document.getElementById('keyprompt').hidden === false"
     submit = "document.getElementById('keyform').requestSubmit()"
@@ -242,4 +237,4 @@ async def test_the_page_asks_for_an_admin_key_in_a_real_browser(stack: Stack,
         html = await page.js("document.documentElement.outerHTML")
         assert ADMIN not in html and MARKER not in html
     finally:
-        await browser.stop()
+        await page.close()

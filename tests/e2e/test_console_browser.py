@@ -9,6 +9,7 @@ Skipped only when no Chromium is installed (``.ci/run`` installs Debian's ``chro
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import re
 import signal
@@ -23,12 +24,10 @@ import psutil
 import pytest
 
 from engines.procs import die_with_parent, stop_processes, wait_port_file
-from tests.e2e.browser import Chromium, find_chromium
+from tests.e2e.browser import Chromium
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = find_chromium()
-needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed")
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 #: The demo probes /health every 2 s and marks a replica down after 2 failed probes; the page
 #: polls every 2 s: the stopped replica shows within ~6 s, allowed 20 on a loaded machine.
@@ -62,22 +61,30 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         stop_processes([proc], grace_s=15)
 
 
-def _traffic(base: str) -> None:
-    """A little traffic: 4 agent sessions of 6 streamed turns each (a growing conversation),
-    spread over the standard, fast and auto tiers."""
-    history: dict[int, list[dict]] = {s: [] for s in range(4)}
+def _agent(base: str, s: int, turns: int = 6) -> None:
+    """One agent session ``agent-<s>``: ``turns`` streamed turns of a growing conversation,
+    over the standard, fast and auto tiers in turn."""
+    history: list[dict] = []
     with httpx.Client(base_url=base, timeout=60) as c:
-        for i in range(24):
-            s = i % 4
-            history[s].append({"role": "user", "content": f"step {i}: " + "tool output " * 60})
+        for turn in range(turns):
+            i = turn * 4 + s
+            history.append({"role": "user", "content": f"step {i}: " + "tool output " * 60})
             body = {"model": ("mymodel", "mymodel-fast", "mymodel-auto")[i % 3], "stream": True,
-                    "max_tokens": 24, "messages": history[s]}
+                    "max_tokens": 24, "messages": history}
             with c.stream("POST", "/v1/chat/completions", json=body,
                           headers={"x-session-id": f"agent-{s}"}) as r:
                 assert r.status_code == 200
                 for _ in r.iter_lines():
                     pass
-            history[s].append({"role": "assistant", "content": "done"})
+            history.append({"role": "assistant", "content": "done"})
+
+
+def _traffic(base: str) -> None:
+    """A little traffic: 4 agent sessions of 6 streamed turns each, side by side (as agents
+    run), spread over the standard, fast and auto tiers."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for done in [pool.submit(_agent, base, s) for s in range(4)]:
+            done.result()
 
 
 def _listening_child(demo_pid: int, port: int) -> psutil.Process:
@@ -94,13 +101,11 @@ def test_demo_prints_the_console_url(demo: dict) -> None:
     assert f"API:     {demo['base']}/v1" in demo["banner"]
 
 
-@needs_browser
-async def test_console_shows_replicas_charts_and_a_replica_going_down(demo: dict,
-                                                                      tmp_path: Path) -> None:
+async def test_console_shows_replicas_charts_and_a_replica_going_down(
+        demo: dict, chromium: Chromium) -> None:
     base = demo["base"]
     await asyncio.to_thread(_traffic, base)
-    browser = Chromium(CHROMIUM or "", tmp_path / "profile")
-    page = await browser.start()
+    page = await chromium.new_page()
     try:
         await page.navigate(base + "/console")
         await page.wait_for(f"{ROWS}.length === 4", timeout_s=20)
@@ -135,4 +140,4 @@ async def test_console_shows_replicas_charts_and_a_replica_going_down(demo: dict
         await page.screenshot(REPORTS / "console.png")
         assert (REPORTS / "console.png").stat().st_size > 10_000
     finally:
-        await browser.stop()
+        await page.close()

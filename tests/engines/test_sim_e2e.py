@@ -187,16 +187,35 @@ def test_framing_faults(sim: SimProcess) -> None:
     assert len(good) == 4 and evs[-1] == "[DONE]"
 
 
-def test_ttft_delay_after_headers_and_chunk_interval(sim: SimProcess) -> None:
-    body = {"model": "m", "messages": MSGS, "stream": True,
-            "sim_faults": {"ttft_delay_s": 0.3, "chunks": ["a", "b", "c"],
-                           "chunk_interval_s": 0.05}}
-    t0 = time.monotonic()
-    with httpx.stream("POST", sim.url + "/v1/chat/completions", json=body) as r:
-        t_headers = time.monotonic() - t0
-        raw = r.read()
-    total = time.monotonic() - t0
-    assert t_headers < 0.25 and total >= 0.4
+async def test_ttft_delay_after_headers_and_chunk_interval(sim: SimProcess) -> None:
+    """``ttft_delay_s`` runs after the status and headers, before the first event;
+    ``chunk_interval_s`` spaces the events. Shown by what cannot happen under CPU contention,
+    never by an upper bound on elapsed time: (1) with a delay far longer than the client waits,
+    the headers still arrive (they could not, were the delay before them) and no event follows
+    within a second (one would at once, were the delay not applied); (2) three events 0.25 s
+    apart take at least 0.5 s from the request's start (sleeps only lengthen under load)."""
+    async with httpx.AsyncClient(base_url=sim.url, timeout=30) as c:
+        before = (await c.get("/sim/stats")).json()["aborted"]
+        body = {"model": "m", "messages": MSGS, "stream": True,
+                "sim_faults": {"ttft_delay_s": 3600, "chunks": ["a"]}}
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            first = r.aiter_raw().__anext__()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(first, timeout=1.0)
+        # the client hung up during the delay: the simulator aborts the request
+        for _ in range(600):  # polled up to 30 s: a loaded machine notices late, never wrongly
+            stats = (await c.get("/sim/stats")).json()
+            if stats["aborted"] > before:
+                break
+            await asyncio.sleep(0.05)
+        assert stats["aborted"] == before + 1 and stats["running"] == 0
+        body = {"model": "m", "messages": MSGS, "stream": True,
+                "sim_faults": {"chunks": ["a", "b", "c"], "chunk_interval_s": 0.25}}
+        t0 = time.monotonic()
+        raw = (await c.post("/v1/chat/completions", json=body)).content
+        assert time.monotonic() - t0 >= 2 * 0.25
     content = [orjson.loads(e)["choices"][0]["delta"].get("content") for e in events(raw)[1:-1]]
     assert content == ["a", "b", "c"]
 
