@@ -47,6 +47,8 @@ REFUSALS = {
     "expected_wait": "the expected wait in the pool's queue exceeds this request's limit",
     "timeout": "the request waited in the pool's queue until its limit",
 }
+#: Response header of a refusal: seconds from arrival at the gateway to the decision.
+ADMIT_TIME_HEADER = "x-speedgate-admit-s"
 CODES = {"queue_full": "queue_full", "expected_wait": "queue_wait_too_long",
          "timeout": "queue_timeout"}
 
@@ -64,6 +66,16 @@ class QueueRefused(GatewayError):
             super().__init__(msg, status=503, type="server_error", code=CODES[reason],
                              retry_after_s=retry_after)
         self.reason = reason
+        self.decision_s: float | None = None
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` and, once the admission step timed it, ``x-speedgate-admit-s``:
+        seconds from the request's arrival at the gateway to this refusal (the gateway's own
+        share of the answer time a client measures)."""
+        out = super().headers()
+        if self.decision_s is not None:
+            out[ADMIT_TIME_HEADER] = f"{self.decision_s:.4f}"
+        return out
 
 
 @dataclass(slots=True)
@@ -119,6 +131,7 @@ class _PoolFlow:
         self.service_s: list[float | None] = [None] * len(cfg.bands)  # hold time EWMA, band
         self.engine = EngineQueues()
         self.active = 0
+        self.held = [0] * len(cfg.bands)  # slots held per band (the band dispatched from)
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.dispatched: Counter[str] = Counter()  # band name → requests dispatched after waiting
@@ -137,13 +150,14 @@ class _PoolFlow:
         if cap is None:
             return len(self.shares) - 1
         lowest = None
-        for i, limit in enumerate(band_limits(cap, self.shares)):
+        for i, limit in enumerate(band_limits(cap, self.shares, self.held)):
             if self.active < limit:
                 lowest = i
         return lowest
 
     def take(self, admission: Admission, band: int, queued: bool, waited_s: float) -> Slot:
         self.active += 1
+        self.held[band] += 1
         self.engine.sent += 1
         return Slot(self, admission, band, queued, waited_s, self.owner.clock())
 
@@ -257,6 +271,7 @@ class FlowControl:
         self.shed: Counter[tuple[str, str, str]] = Counter()  # (pool, band, reason)
         self.promotions: Counter[tuple[str, str, str]] = Counter()  # (pool, from, to)
         self.wait_observer: Callable[[str, str, float], None] | None = None
+        self.refusal_observer: Callable[[str, str, str, float], None] | None = None
 
     # -- the request path ------------------------------------------------------------------
     def classify(
@@ -323,6 +338,7 @@ class FlowControl:
         slot.released = True
         pf = slot.pool
         pf.active -= 1
+        pf.held[slot.band] -= 1
         pf.engine.finished += 1
         pf.served(slot, self.clock())
         adm = slot.admission
@@ -342,6 +358,12 @@ class FlowControl:
     def count_shed(self, pool: Pool, band: str, reason: str) -> None:
         """Count one refused request (``speedgate_queue_shed_total``)."""
         self.shed[(pool.key, band, reason)] += 1
+
+    def observe_refusal(self, pool: Pool, band: str, reason: str, decision_s: float) -> None:
+        """Report a refusal's time from arrival at the gateway to the decision (seconds) to
+        the metrics (``speedgate_queue_refusal_seconds``, if wired)."""
+        if self.refusal_observer is not None:
+            self.refusal_observer(pool.key, band, reason, decision_s)
 
     def observe_wait(self, pool: Pool, band: str, waited_s: float) -> None:
         """Report the queue wait of a dispatched request to the metrics (if wired)."""

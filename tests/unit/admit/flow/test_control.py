@@ -121,6 +121,30 @@ async def test_reserved_share_keeps_slots_for_the_top_band():
     assert waiting.done()
 
 
+async def test_a_reservation_in_use_lets_the_lower_bands_fill_the_rest():
+    """A top-band request running in a reserved slot uses the reservation: the lower bands
+    may take every other slot, and only the reservation's unused part stays idle."""
+    bands = [{**BANDS[0], "reserved_share": 0.2}, BANDS[1], BANDS[2]]
+    flow, pool, _ = make(cap=5, replicas=2, bands=bands)  # 10 slots, 2 reserved
+    slots = [await flow.acquire(pool, adm(1, session=str(i)), 10) for i in range(8)]
+    top = await flow.acquire(pool, adm(0), 10)
+    assert top is not None and not top.queued
+    pf = flow.pools[pool.key]
+    assert pf.active == 9 and pf.held == [1, 8, 0]
+    first = await queue(flow, pool, adm(2, key="c"))
+    assert not first.done()  # the 10th slot is the reservation's unused part
+    flow.release(slots[0], None)
+    await settle()
+    # 8 in use: the top band holds one of its 2 reserved slots, so 9 may be in use
+    assert first.done() and pf.held == [1, 7, 1]
+    flow.release(top, None)
+    second = await queue(flow, pool, adm(2, key="d"))
+    assert not second.done()  # both reserved slots unused again: 8 may be in use
+    flow.release(slots[1], None)
+    await settle()
+    assert second.done() and pf.held == [0, 6, 2]
+
+
 async def _measured(flow: FlowControl, pool: Any, clock: Clock) -> Slot:
     """Backlog the pool and drain it at 1,000 tokens/s (100-token requests, one per 0.1 s)."""
     slot = await flow.acquire(pool, adm(1), 10)
@@ -291,3 +315,33 @@ async def test_service_time_per_band_is_learned():
     clock.t += 18.0
     flow.release(s, None)
     assert flow.service_s(pool, 2) == pytest.approx(10.0)  # EWMA, 0.2 to the newest
+
+
+async def test_a_refusal_reports_its_decision_time_from_arrival():
+    """``AdmissionControl.wait`` stamps a refusal with the seconds since the request reached
+    the gateway (``rec.t_start``): the ``x-speedgate-admit-s`` header and the refusal metric."""
+    from types import SimpleNamespace
+
+    from gateway.admit.budget import SessionBudgets
+    from gateway.admit.control import AdmissionControl, Ticket
+    from gateway.telemetry.record import RequestRecord
+
+    flow, pool, clock = make(cap=1)
+    held = await _measured(flow, pool, clock)
+    for i in range(20):
+        await queue(flow, pool, adm(1, key="x", session=str(i)))
+    seen: list[tuple[str, str, str, float]] = []
+    flow.refusal_observer = lambda *a: seen.append(a)
+    control = AdmissionControl(flow, SessionBudgets(flow.config, None))
+    rec = RequestRecord(request_id="r", path="/v1/chat/completions")
+    rec.t_start -= 0.25  # it reached the gateway a quarter second ago
+    plan = SimpleNamespace(chain=[pool])
+    with pytest.raises(QueueRefused) as e:
+        await control.wait(Ticket(adm(1, key="x")), plan, 0.5, rec)  # type: ignore[arg-type]
+    err = e.value
+    assert err.decision_s is not None and err.decision_s >= 0.25
+    assert float(err.headers()["x-speedgate-admit-s"]) == pytest.approx(err.decision_s, abs=1e-4)
+    assert err.headers()["retry-after"]
+    assert seen == [(pool.key, "standard", "expected_wait", err.decision_s)]
+    flow.release(held, None)
+    await flow.close()
