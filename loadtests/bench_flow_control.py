@@ -90,6 +90,7 @@ class Params:
     drain_s: float = 60.0
     seed: int = 0
     inflight_sweep: str = ""  # more "on" phases at these max_inflight_per_replica ("8,12")
+    compare_guard: int = 0  # 1: one more "on" phase with the first-token guard off
 
 
 @dataclass
@@ -392,6 +393,8 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
         "shed_p95_ms": r(pct(shed_ms, 0.95), 1) if shed else None,
         "shed_slowest_ms": r(max(shed_ms), 1) if shed else None,
         "shed_with_retry_after": sum(1 for s in shed if s.retry_after),
+        "shed_over_50ms": sum(1 for x in shed_ms if x > 50),
+        "shed_gateway_over_50ms": sum(1 for x in shed_gw_ms if x > 50),
         "shed_gateway_p50_ms": r(pct(shed_gw_ms, 0.5), 2) if shed_gw_ms else None,
         "shed_gateway_p95_ms": r(pct(shed_gw_ms, 0.95), 2) if shed_gw_ms else None,
         "shed_gateway_max_ms": r(max(shed_gw_ms), 2) if shed_gw_ms else None,
@@ -412,10 +415,12 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
     }
 
 
-def gateway_config(urls: list[str], keys: Keys, p: Params, inflight: int | None
+def gateway_config(urls: list[str], keys: Keys, p: Params, mode: tuple[int | None, bool]
                    ) -> dict[str, Any]:
-    """The gateway of one mode: ``inflight`` None = flow control off; else flow control on
-    with that ``max_inflight_per_replica`` and the band as the engines' priority."""
+    """The gateway of one mode ``(inflight, guard)``: ``inflight`` None = flow control off;
+    else flow control on with that ``max_inflight_per_replica``, the band as the engines'
+    priority, and the first-token guard on or off."""
+    inflight, guard = mode
     flow = inflight is not None
     pool: dict[str, Any] = {"served_model_name": MODEL, "endpoints": urls,
                             "timeouts": {"ttft_s": 600, "stall_s": 60, "total_s": 900},
@@ -427,7 +432,7 @@ def gateway_config(urls: list[str], keys: Keys, p: Params, inflight: int | None
         "server": {"port": 0, "access_log": False, "log_level": "warning"},
         "health": {"interval_s": 1.0},
         "auth": {"keys": keys.entries},
-        "flow_control": {"enabled": flow, "bands": [
+        "flow_control": {"enabled": flow, "first_token_guard_s": 0.5 if guard else 0, "bands": [
             {"name": "interactive", "max_queue_s": 10, "reserved_share": p.reserved_share},
             {"name": "standard", "max_queue_s": 60},
             {"name": "batch", "max_queue_s": 900, "max_wait_s": p.max_wait_s},
@@ -460,12 +465,16 @@ async def phases(p: Params, keys: Keys, gws: dict[str, str], sims: list[str]
     return out
 
 
-def modes(p: Params) -> dict[str, int | None]:
-    """Phase name → ``max_inflight_per_replica`` (None: flow control off): ``off``, ``on``
-    (the engines' ``max-num-seqs``) and ``on@N`` for each N of ``--inflight-sweep``."""
-    out: dict[str, int | None] = {"off": None, "on": p.max_num_seqs}
+def modes(p: Params) -> dict[str, tuple[int | None, bool]]:
+    """Phase name → (``max_inflight_per_replica``, first-token guard): ``off`` (None: flow
+    control off), ``on`` (the engines' ``max-num-seqs``, guard on), ``on-noguard`` with
+    ``--compare-guard``, and ``on@N`` for each N of ``--inflight-sweep``."""
+    out: dict[str, tuple[int | None, bool]] = {"off": (None, False),
+                                               "on": (p.max_num_seqs, True)}
+    if p.compare_guard:
+        out["on-noguard"] = (p.max_num_seqs, False)
     for n in filter(None, p.inflight_sweep.split(",")):
-        out[f"on@{int(n)}"] = int(n)
+        out[f"on@{int(n)}"] = (int(n), True)
     return out
 
 
@@ -482,9 +491,9 @@ def run(p: Params) -> dict[str, Any]:
         sims = [s.wait_ready() for s in spawned]
         with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
             gws: dict[str, str] = {}
-            for mode, inflight in modes(p).items():
+            for mode, spec in modes(p).items():
                 cfg = Path(tmp) / f"{mode}.yaml"
-                cfg.write_text(yaml.safe_dump(gateway_config(sims, keys, p, inflight)))
+                cfg.write_text(yaml.safe_dump(gateway_config(sims, keys, p, spec)))
                 gw = start_gateway(str(cfg), str(Path(tmp) / f"{mode}.log"))
                 procs.append(gw.proc)
                 gws[mode] = gw.wait_ready("/readyz")
@@ -531,8 +540,10 @@ def print_table(res: dict[str, Any]) -> None:
             "interactive_ttft_max_s", "interactive_engine_ttft_p95_s", "batch_ttft_p95_s",
             "output_tokens_per_s",
             "client_output_tokens_per_s", "jain_batch", "flood_share", "shed", "shed_p50_ms",
-            "shed_p95_ms", "shed_slowest_ms", "shed_gateway_p95_ms", "shed_gateway_max_ms",
-            "client_loop_lag_p95_ms", "gateway_slots_mean", "gateway_queue_mean",
+            "shed_p95_ms", "shed_slowest_ms", "shed_over_50ms", "shed_gateway_p50_ms",
+            "shed_gateway_p95_ms", "shed_gateway_max_ms", "shed_gateway_over_50ms",
+            "client_loop_lag_p95_ms", "client_loop_lag_max_ms", "gateway_slots_mean",
+            "gateway_queue_mean",
             "timed_out_in_queue", "cut_by_deadline",
             "engine_running_mean", "engine_waiting_mean", "hung", "batch_queue_wait_max_s")
     names = [k for k in res if k == "idle" or k == "off" or k.startswith("on")]

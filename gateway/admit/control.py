@@ -136,7 +136,8 @@ class AdmissionControl:
             return
         if ticket.slot is not None:
             u = rec.usage if rec.served_tier else None
-            self.flow.release(ticket.slot, u.prompt + u.completion if u is not None else None)
+            self.flow.release(ticket.slot, u.prompt + u.completion if u is not None else None,
+                              rec.ttft_s)
         await self.budgets.settle(ticket.hold, rec.cost_usd or 0.0)
 
     async def close(self) -> None:

@@ -1,7 +1,8 @@
 """The flow-control benchmark's short version (loadtests/bench_flow_control.py --small): the
 same workload, shorter windows. Loose margins only (2 shared cores): with flow control the
 interactive band's TTFT p95 is far below its value without, the batch keys' served tokens are
-fairer, every refusal at arrival carries ``Retry-After`` (and the gateway's decision time), and no request hangs."""
+fairer, every refusal at arrival carries ``Retry-After`` (and the gateway's decision time),
+and no request hangs."""
 
 import pytest
 

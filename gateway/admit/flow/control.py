@@ -32,51 +32,15 @@ from typing import Any
 from gateway.admit.flow.bands import HEADER, BandChoice, resolve_band
 from gateway.admit.flow.drain import DrainMeter, expected_wait_s, retry_after_s, shed
 from gateway.admit.flow.queue import BandedQueue, BandRule, Waiter
+from gateway.admit.flow.refusal import ADMIT_TIME_HEADER, QueueRefused
 from gateway.admit.flow.saturation import EngineQueues, band_limits, slot_capacity
 from gateway.config import ApiKeyConfig, GatewayConfig
-from gateway.errors import GatewayError
 from gateway.routing.pools import Pool, PoolRegistry
 
 log = logging.getLogger("speedgate.flow")
 
 #: Characters per token of the admission estimate (OpenAI: "~4 characters of English text").
 BYTES_PER_TOKEN = 4
-
-REFUSALS = {
-    "queue_full": "the pool's queue is full",
-    "expected_wait": "the expected wait in the pool's queue exceeds this request's limit",
-    "timeout": "the request waited in the pool's queue until its limit",
-}
-#: Response header of a refusal: seconds from arrival at the gateway to the decision.
-ADMIT_TIME_HEADER = "x-speedgate-admit-s"
-CODES = {"queue_full": "queue_full", "expected_wait": "queue_wait_too_long",
-         "timeout": "queue_timeout"}
-
-
-class QueueRefused(GatewayError):
-    """503 (a flex request: 429 ``resource_unavailable``): the pool cannot start the request
-    within its limit. ``reason``: queue_full | expected_wait | timeout."""
-
-    def __init__(self, reason: str, retry_after: float, flex: bool, detail: str = "") -> None:
-        msg = f"Overloaded: {REFUSALS[reason]}{detail}; retry after {retry_after:.0f}s."
-        if flex:
-            super().__init__(msg, status=429, type="rate_limit_error",
-                             code="resource_unavailable", retry_after_s=retry_after)
-        else:
-            super().__init__(msg, status=503, type="server_error", code=CODES[reason],
-                             retry_after_s=retry_after)
-        self.reason = reason
-        self.decision_s: float | None = None
-
-    def headers(self) -> dict[str, str]:
-        """``Retry-After`` and, once the admission step timed it, ``x-speedgate-admit-s``:
-        seconds from the request's arrival at the gateway to this refusal (the gateway's own
-        share of the answer time a client measures)."""
-        out = super().headers()
-        if self.decision_s is not None:
-            out[ADMIT_TIME_HEADER] = f"{self.decision_s:.4f}"
-        return out
-
 
 @dataclass(slots=True)
 class Admission:
@@ -129,6 +93,9 @@ class _PoolFlow:
         self.key_drain: dict[str, DrainMeter] = {}  # per API key, while it has some waiting
         self.key_queued: Counter[str] = Counter()
         self.service_s: list[float | None] = [None] * len(cfg.bands)  # hold time EWMA, band
+        self.top_ttft_s: float | None = None  # the top band's time to first token, EWMA
+        self.guard_until = 0.0  # lower bands wait until then (a top-band first token is due)
+        self.guard_s = cfg.first_token_guard_s
         self.engine = EngineQueues()
         self.active = 0
         self.held = [0] * len(cfg.bands)  # slots held per band (the band dispatched from)
@@ -146,20 +113,46 @@ class _PoolFlow:
         """The lowest-priority band that may take a slot now (None: none may)."""
         if self.engine.saturated(self.pool, now):
             return None
+        top_only = now < self.guard_until
         cap = slot_capacity(self.pool, now)
         if cap is None:
-            return len(self.shares) - 1
+            return 0 if top_only else len(self.shares) - 1
         lowest = None
         for i, limit in enumerate(band_limits(cap, self.shares, self.held)):
-            if self.active < limit:
+            if self.active < limit and (i == 0 or not top_only):
                 lowest = i
         return lowest
 
     def take(self, admission: Admission, band: int, queued: bool, waited_s: float) -> Slot:
+        now = self.owner.clock()
         self.active += 1
         self.held[band] += 1
         self.engine.sent += 1
-        return Slot(self, admission, band, queued, waited_s, self.owner.clock())
+        if admission.band.index == 0 and self.guard_s > 0 and self.top_ttft_s is not None:
+            self.hold_lower_bands(now, min(self.top_ttft_s, self.guard_s))
+        return Slot(self, admission, band, queued, waited_s, now)
+
+    def hold_lower_bands(self, now: float, hold_s: float) -> None:
+        """The first-token guard: no lower-band dispatch before ``now + hold_s``; then the
+        queue is served at once (a timer on the running loop, if any)."""
+        if now + hold_s <= self.guard_until:
+            return
+        self.guard_until = now + hold_s
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a pure test): the next tick serves the queue
+            return
+        loop.call_later(hold_s, self.guard_over)
+
+    def guard_over(self) -> None:
+        """A guard's time passed: hand free slots to waiting lower-band requests."""
+        if len(self.queue):
+            self.dispatch(self.owner.clock())
+
+    def learn_ttft(self, ttft_s: float) -> None:
+        """A top-band request's measured time to first token (s): EWMA, weight 0.2."""
+        prev = self.top_ttft_s
+        self.top_ttft_s = ttft_s if prev is None else prev + 0.2 * (ttft_s - prev)
 
     def key_event(self, now: float, key: str, delta: int, cost: float | None = None) -> None:
         """A request of ``key`` joined (+1) or left (-1) the queue; ``cost`` when it left for
@@ -329,10 +322,13 @@ class FlowControl:
                 pf.key_event(self.clock(), adm.key, -1)
             raise
 
-    def release(self, slot: Slot | None, actual_tokens: int | None) -> None:
+    def release(
+        self, slot: Slot | None, actual_tokens: int | None, ttft_s: float | None = None
+    ) -> None:
         """Give the slot back (idempotent) and dispatch the next waiting request at once.
         ``actual_tokens`` (prompt + completion; None when unknown) corrects the fair queue's
-        charge of a request that waited."""
+        charge of a request that waited; ``ttft_s`` (its measured time to first token, None
+        when it had none) teaches a top-band request's first-token guard."""
         if slot is None or slot.released:
             return
         slot.released = True
@@ -342,6 +338,8 @@ class FlowControl:
         pf.engine.finished += 1
         pf.served(slot, self.clock())
         adm = slot.admission
+        if ttft_s is not None and adm.band.index == 0:
+            pf.learn_ttft(ttft_s)
         if slot.charged and actual_tokens is not None:
             pf.queue.bands[slot.band].fair.settle(adm.key, adm.session, actual_tokens - adm.cost)
         if len(pf.queue):
@@ -384,4 +382,4 @@ class FlowControl:
                     await pf.task
 
 
-__all__ = ["HEADER", "Admission", "FlowControl", "QueueRefused", "Slot"]
+__all__ = ["ADMIT_TIME_HEADER", "HEADER", "Admission", "FlowControl", "QueueRefused", "Slot"]

@@ -27,9 +27,10 @@ class Clock:
 
 
 def make(cap: int = 1, replicas: int = 1, bands: list[dict] | None = None,
-         **pool: Any) -> tuple[FlowControl, Any, Clock]:
+         flow_extra: dict | None = None, **pool: Any) -> tuple[FlowControl, Any, Clock]:
     cfg = load_config(
-        flow_control={"bands": bands or BANDS, "recheck_interval_s": 1000},
+        flow_control={"bands": bands or BANDS, "recheck_interval_s": 1000,
+                      **(flow_extra or {})},
         models={"m": {"tiers": {"standard": {
             "served_model_name": "m", "max_inflight_per_replica": cap,
             "endpoints": [f"http://10.0.0.{i}:8000" for i in range(replicas)], **pool}}}},
@@ -345,3 +346,46 @@ async def test_a_refusal_reports_its_decision_time_from_arrival():
     assert seen == [(pool.key, "standard", "expected_wait", err.decision_s)]
     flow.release(held, None)
     await flow.close()
+
+
+async def test_first_token_guard_holds_lower_bands_while_a_top_band_first_token_is_due():
+    """After a top-band request takes a slot, lower bands wait its band's typical time to
+    first token (learned from finished top-band requests, capped by
+    ``first_token_guard_s``): their prefill would share the step its first token needs."""
+    flow, pool, clock = make(cap=4, flow_extra={"first_token_guard_s": 0.5})
+    pf = flow.pools[pool.key]
+    first = await flow.acquire(pool, adm(0), 10)
+    assert pf.guard_until == 0.0  # nothing learned yet: no guard
+    flow.release(first, 50, ttft_s=0.2)
+    assert pf.top_ttft_s == pytest.approx(0.2)
+    top = await flow.acquire(pool, adm(0), 10)
+    assert pf.guard_until == pytest.approx(clock.t + 0.2)
+    batch = await queue(flow, pool, adm(2, key="b"))  # slots are free, but the guard holds
+    assert not batch.done() and pf.lowest_band(clock.t) == 0
+    also_top = await flow.acquire(pool, adm(0), 10)  # the top band itself is never held
+    assert also_top is not None and not also_top.queued
+    clock.t += 0.2
+    pf.tick(clock.t)
+    await settle()
+    assert batch.done() and batch.result().queued
+    # a slow first token is capped by first_token_guard_s
+    for _ in range(30):
+        flow.release(await flow.acquire(pool, adm(0), 10), 50, ttft_s=3.0)
+    assert pf.guard_until == pytest.approx(clock.t + 0.5)
+    for s in (top, also_top, batch.result()):
+        flow.release(s, None)
+    await flow.close()
+
+
+async def test_first_token_guard_off_and_lower_band_ttfts_teach_nothing():
+    flow, pool, _ = make(cap=4, flow_extra={"first_token_guard_s": 0})
+    pf = flow.pools[pool.key]
+    flow.release(await flow.acquire(pool, adm(0), 10), 50, ttft_s=0.2)
+    await flow.acquire(pool, adm(0), 10)
+    assert pf.guard_until == 0.0
+    assert await flow.acquire(pool, adm(2), 10) is not None
+    flow2, pool2, _ = make(cap=4)
+    flow2.release(await flow2.acquire(pool2, adm(2), 10), 50, ttft_s=0.2)
+    assert flow2.pools[pool2.key].top_ttft_s is None
+    await flow.close()
+    await flow2.close()
