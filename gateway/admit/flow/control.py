@@ -9,7 +9,13 @@
    (``drain.shed``) exceeds ``budget_s`` or the queue is full, or it waits in the pool's
    ``BandedQueue`` until a slot frees (dispatched at once by ``release``), its deadline
    passes (refused then), or the client leaves (cancellation removes it);
-3. ``release(slot, actual_tokens)`` exactly once when the request ends, on every exit path.
+3. ``release(slot, actual_tokens, ttft_s)`` exactly once when the request ends, on every exit
+   path.
+
+Slots per band: ``saturation.band_limits`` (reservations are work-conserving). First-token
+guard: after a top-band request takes a slot, lower bands take none for the top band's typical
+time to first token (``first_token_guard_s`` at most), so no batch prompt is prefilled in the
+engine step that first token waits for.
 
 Refusals are 503 (``queue_full``, ``queue_wait_too_long``, ``queue_timeout``) with a
 ``Retry-After`` from the drain rate; a flex request gets OpenAI's 429 ``resource_unavailable``
