@@ -89,6 +89,8 @@ class Params:
     duration_s: float = 90.0
     drain_s: float = 60.0
     seed: int = 0
+    inflight_sweep: str = ""  # more "on" phases at these max_inflight_per_replica ("8,12")
+    compare_guard: int = 0  # 1: one more "on" phase with the first-token guard off
 
 
 @dataclass
@@ -105,6 +107,7 @@ class Sample:
     tokens: int = 0
     prompt_tokens: int = 0
     queue_wait: float | None = None
+    admit_s: float | None = None  # x-speedgate-admit-s of a refusal: arrival → decision, gateway
     retry_after: str | None = None
     code: str | None = None  # the error code of a refusal
 
@@ -117,6 +120,10 @@ class Phase:
     metrics: dict[str, float] = field(default_factory=dict)
     # (t, running, waiting, generated tokens so far) summed over the replicas
     engine: list[tuple[float, int, int, float]] = field(default_factory=list)
+    # (t, gateway slots in use, gateway queue length) of a gated pool
+    gateway: list[tuple[float, float, float]] = field(default_factory=list)
+    # (t, s): how late the load generator's own event loop woke from a 10 ms sleep
+    loop_lag: list[tuple[float, float]] = field(default_factory=list)
 
 
 class Keys:
@@ -145,6 +152,8 @@ async def stream_turn(http: aiohttp.ClientSession, url: str, key: str, doc: dict
         s.retry_after = r.headers.get("retry-after")
         qw = r.headers.get("x-speedgate-queue-wait-s")
         s.queue_wait = float(qw) if qw else None
+        adm = r.headers.get("x-speedgate-admit-s")
+        s.admit_s = float(adm) if adm else None
         ut = r.headers.get("x-speedgate-ttft-s")
         s.upstream_ttft = float(ut) if ut else None
         if r.status != 200:
@@ -254,7 +263,9 @@ class Run:
                 for k in BATCH_KEYS:
                     n = self.p.batch_sessions * (self.p.flood_factor if k == "flood" else 1)
                     tasks += [asyncio.ensure_future(self.agent(http, k, i)) for i in range(n)]
+            lag = asyncio.ensure_future(self.watch_loop())
             await self.sample_engines(http, seconds)
+            lag.cancel()
             _, pending = await asyncio.wait(tasks, timeout=self.p.drain_s)
             self.phase.hung = self.inflight
             for t in pending:
@@ -263,6 +274,14 @@ class Run:
             self.phase.metrics = await gateway_metrics(http, self.url)
         return self.phase
 
+
+    async def watch_loop(self) -> None:
+        """The load generator's own event-loop lag (s late from a 10 ms sleep): the share of
+        a client-side answer time that is the client's, not the gateway's."""
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            self.phase.loop_lag.append((t - self.t0, time.perf_counter() - t - 0.01))
 
     async def sample_engines(self, http: aiohttp.ClientSession, seconds: float) -> None:
         """Every 0.5 s until the phase ends: the engines' running and waiting sequences and
@@ -279,6 +298,14 @@ class Run:
                         if line.startswith("vllm:generation_tokens_total"):
                             generated += float(line.rsplit(" ", 1)[1])
             self.phase.engine.append((now - self.t0, running, waiting, generated))
+            slots = queued = 0.0
+            async with http.get(self.url + "/metrics") as r:
+                for line in (await r.text()).splitlines():
+                    if line.startswith("speedgate_queue_slots_in_use{"):
+                        slots += float(line.rsplit(" ", 1)[1])
+                    elif line.startswith("speedgate_queue_length{"):
+                        queued += float(line.rsplit(" ", 1)[1])
+            self.phase.gateway.append((now - self.t0, slots, queued))
             await asyncio.sleep(0.5)
 
 
@@ -328,6 +355,9 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
     waits = [s.queue_wait for s in inside if s.band == "batch" and s.queue_wait is not None]
 
     shed_ms = [(s.end - s.start) * 1e3 for s in shed]
+    shed_gw_ms = [s.admit_s * 1e3 for s in shed if s.admit_s is not None]
+    lag_ms = [x * 1e3 for t, x in ph.loop_lag if lo <= t < hi]
+    gw = [(a, b) for t, a, b in ph.gateway if lo <= t < hi]
 
     def per_key(key: str) -> dict[str, Any]:
         mine = [s for s in inside if s.key == key]
@@ -358,11 +388,24 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
         "jain_batch_prompt_and_output": r(jain(list(served_all.values()))),
         "flood_share": r(served["flood"] / sum(served.values())) if sum(served.values())
         else None,
+        # what the fair queue shares: estimated prompt + output tokens
+        "flood_share_prompt_and_output": r(served_all["flood"] / sum(served_all.values()))
+        if sum(served_all.values()) else None,
         "shed": len(shed),
         "shed_p50_ms": r(pct(shed_ms, 0.5), 1) if shed else None,
         "shed_p95_ms": r(pct(shed_ms, 0.95), 1) if shed else None,
         "shed_slowest_ms": r(max(shed_ms), 1) if shed else None,
         "shed_with_retry_after": sum(1 for s in shed if s.retry_after),
+        "shed_over_50ms": sum(1 for x in shed_ms if x > 50),
+        "shed_gateway_over_50ms": sum(1 for x in shed_gw_ms if x > 50),
+        "shed_gateway_p50_ms": r(pct(shed_gw_ms, 0.5), 2) if shed_gw_ms else None,
+        "shed_gateway_p95_ms": r(pct(shed_gw_ms, 0.95), 2) if shed_gw_ms else None,
+        "shed_gateway_max_ms": r(max(shed_gw_ms), 2) if shed_gw_ms else None,
+        "client_loop_lag_p50_ms": r(pct(lag_ms, 0.5), 1) if lag_ms else None,
+        "client_loop_lag_p95_ms": r(pct(lag_ms, 0.95), 1) if lag_ms else None,
+        "client_loop_lag_max_ms": r(max(lag_ms), 1) if lag_ms else None,
+        "gateway_slots_mean": r(sum(a for a, _ in gw) / len(gw), 1) if gw else None,
+        "gateway_queue_mean": r(sum(b for _, b in gw) / len(gw), 1) if gw else None,
         "timed_out_in_queue": len(timed_out),
         "cut_by_deadline": len(cut),
         "engine_running_mean": r(sum(x for x, _ in eng) / len(eng), 1) if eng else None,
@@ -375,17 +418,24 @@ def summarize(ph: Phase, warmup_s: float, duration_s: float) -> dict[str, Any]:
     }
 
 
-def gateway_config(urls: list[str], keys: Keys, p: Params, flow: bool) -> dict[str, Any]:
+def gateway_config(urls: list[str], keys: Keys, p: Params, mode: tuple[int | None, bool]
+                   ) -> dict[str, Any]:
+    """The gateway of one mode ``(inflight, guard)``: ``inflight`` None = flow control off;
+    else flow control on with that ``max_inflight_per_replica``, the band as the engines'
+    priority, and the first-token guard on or off."""
+    inflight, guard = mode
+    flow = inflight is not None
     pool: dict[str, Any] = {"served_model_name": MODEL, "endpoints": urls,
                             "timeouts": {"ttft_s": 600, "stall_s": 60, "total_s": 900},
                             "routing": {"load_scrape_interval_s": 0.5}}
     if flow:
-        pool["max_inflight_per_replica"] = p.max_num_seqs
+        pool["max_inflight_per_replica"] = inflight
+        pool["scheduling_policy"] = "priority"
     return {
         "server": {"port": 0, "access_log": False, "log_level": "warning"},
         "health": {"interval_s": 1.0},
         "auth": {"keys": keys.entries},
-        "flow_control": {"enabled": flow, "bands": [
+        "flow_control": {"enabled": flow, "first_token_guard_s": 0.5 if guard else 0, "bands": [
             {"name": "interactive", "max_queue_s": 10, "reserved_share": p.reserved_share},
             {"name": "standard", "max_queue_s": 60},
             {"name": "batch", "max_queue_s": 900, "max_wait_s": p.max_wait_s},
@@ -409,7 +459,7 @@ async def phases(p: Params, keys: Keys, gws: dict[str, str], sims: list[str]
     idle = await Run(p, keys, gws["off"], False, sims).drive(p.idle_s)
     out["idle"] = summarize(idle, 0.0, p.idle_s)
     raw["idle"] = [asdict(s) for s in idle.samples]
-    for mode in ("off", "on"):
+    for mode in gws:
         await reset(sims)
         ph = await Run(p, keys, gws[mode], True, sims).drive(p.warmup_s + p.duration_s)
         out[mode] = summarize(ph, p.warmup_s, p.duration_s)
@@ -418,11 +468,25 @@ async def phases(p: Params, keys: Keys, gws: dict[str, str], sims: list[str]
     return out
 
 
+def modes(p: Params) -> dict[str, tuple[int | None, bool]]:
+    """Phase name → (``max_inflight_per_replica``, first-token guard): ``off`` (None: flow
+    control off), ``on`` (the engines' ``max-num-seqs``, guard on), ``on-noguard`` with
+    ``--compare-guard``, and ``on@N`` for each N of ``--inflight-sweep``."""
+    out: dict[str, tuple[int | None, bool]] = {"off": (None, False),
+                                               "on": (p.max_num_seqs, True)}
+    if p.compare_guard:
+        out["on-noguard"] = (p.max_num_seqs, False)
+    for n in filter(None, p.inflight_sweep.split(",")):
+        out[f"on@{int(n)}"] = (int(n), True)
+    return out
+
+
 def run(p: Params) -> dict[str, Any]:
     """Start the replicas and the two gateways, run the three phases, stop everything."""
     procs = []
     keys = Keys()
-    args = ("--max-num-seqs", str(p.max_num_seqs), "--output-tokens", str(p.batch_tokens))
+    args = ("--max-num-seqs", str(p.max_num_seqs), "--output-tokens", str(p.batch_tokens),
+            "--scheduling-policy", "priority")
     try:
         spawned = [spawn_simulator("standard", p.time_scale, p.seed + i, args, MODEL)
                    for i in range(p.replicas)]
@@ -430,9 +494,9 @@ def run(p: Params) -> dict[str, Any]:
         sims = [s.wait_ready() for s in spawned]
         with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
             gws: dict[str, str] = {}
-            for mode in ("off", "on"):
+            for mode, spec in modes(p).items():
                 cfg = Path(tmp) / f"{mode}.yaml"
-                cfg.write_text(yaml.safe_dump(gateway_config(sims, keys, p, mode == "on")))
+                cfg.write_text(yaml.safe_dump(gateway_config(sims, keys, p, spec)))
                 gw = start_gateway(str(cfg), str(Path(tmp) / f"{mode}.log"))
                 procs.append(gw.proc)
                 gws[mode] = gw.wait_ready("/readyz")
@@ -463,8 +527,8 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
         "throughput_ok": tput is not None and tput >= 0.95,
         "goodput_on_vs_off": round(good, 3) if good else None,
         "jain_on": on["jain_batch"], "jain_ok": (on["jain_batch"] or 0) >= 0.95,
-        "flood_held_to_share": on["flood_share"] is not None
-        and on["flood_share"] <= fair_share * 1.1,
+        "flood_held_to_share": on["flood_share_prompt_and_output"] is not None
+        and on["flood_share_prompt_and_output"] <= fair_share * 1.1,
         "shed_fast_ok": on["shed_slowest_ms"] is None or on["shed_slowest_ms"] <= 50,
         "shed_p95_ok": on["shed_p95_ms"] is None or on["shed_p95_ms"] <= 50,
         "shed_retry_after_ok": on["shed_with_retry_after"] == on["shed"],
@@ -479,13 +543,17 @@ def print_table(res: dict[str, Any]) -> None:
             "interactive_ttft_max_s", "interactive_engine_ttft_p95_s", "batch_ttft_p95_s",
             "output_tokens_per_s",
             "client_output_tokens_per_s", "jain_batch", "flood_share", "shed", "shed_p50_ms",
-            "shed_p95_ms", "shed_slowest_ms", "timed_out_in_queue", "cut_by_deadline",
+            "shed_p95_ms", "shed_slowest_ms", "shed_over_50ms", "shed_gateway_p50_ms",
+            "shed_gateway_p95_ms", "shed_gateway_max_ms", "shed_gateway_over_50ms",
+            "client_loop_lag_p95_ms", "client_loop_lag_max_ms", "gateway_slots_mean",
+            "gateway_queue_mean",
+            "timed_out_in_queue", "cut_by_deadline",
             "engine_running_mean", "engine_waiting_mean", "hung", "batch_queue_wait_max_s")
-    print(f"{'phase':<6}" + "".join(f"{c[:16]:>17}" for c in cols))
-    for phase in ("idle", "off", "on"):
-        c = res[phase]
-        print(f"{phase:<6}" + "".join(f"{c[k]!s:>17}" for k in cols))
-    for phase in ("off", "on"):
+    names = [k for k in res if k == "idle" or k == "off" or k.startswith("on")]
+    print(f"{'':<30}" + "".join(f"{n:>11}" for n in names))
+    for col in cols:
+        print(f"{col:<30}" + "".join(f"{res[n][col]!s:>11}" for n in names))
+    for phase in names[1:]:
         print(f"{phase}: per key {res[phase]['keys']} errors {res[phase]['errors']} "
               f"gateway {res[phase]['gateway']}")
     print("verdict:", json.dumps(res["verdict"]))

@@ -7,7 +7,10 @@ Faithful to vLLM's V1 scheduler in spirit:
   are free (the head of the queue blocks the rest, no reordering). The queue is FIFO under
   ``scheduling_policy="fcfs"``; under ``"priority"`` it is ordered by (request ``priority``,
   arrival), lower first, as vLLM V1's priority request queue (``vllm/v1/core/sched/
-  request_queue.py``); like vLLM, a running sequence is not preempted for a batch slot;
+  request_queue.py``); like vLLM, a running sequence is not preempted for a batch slot (V1's
+  ``Scheduler.schedule`` stops admitting when the running batch is full; under priority it
+  preempts the lowest-priority running request only when KV blocks run out, which cannot
+  happen here: a sequence's blocks for prompt + output are allocated when it is admitted);
 - each step processes one token per decoding sequence plus up to ``max_num_batched_tokens``
   of uncached prompt tokens (chunked prefill, oldest first); a sequence gets its first token in
   the step that finishes its prefill, so TTFT = queue wait + prefill of its uncached tokens (+

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,13 @@ from gateway.admit.budget import HEADER as BUDGET_HEADER
 from gateway.admit.budget import BudgetHold, SessionBudgets, estimate_usd
 from gateway.admit.budget_redis import RedisLedger
 from gateway.admit.flow.bands import HEADER as PRIORITY_HEADER
-from gateway.admit.flow.control import BYTES_PER_TOKEN, Admission, FlowControl, Slot
+from gateway.admit.flow.control import (
+    BYTES_PER_TOKEN,
+    Admission,
+    FlowControl,
+    QueueRefused,
+    Slot,
+)
 from gateway.asgi import Scope, header
 from gateway.config import ConfigError, GatewayConfig, check_key_bands
 from gateway.upstream.deadline import total_timeout_s
@@ -101,7 +108,8 @@ class AdmissionControl:
         timeout less the time a request of its band typically holds a slot (a request that
         would be cut off by its deadline mid-answer is better refused before it runs).
         Returns ``timeout_s`` less the time waited (``rec.queue_wait_s``). Raises
-        ``QueueRefused``."""
+        ``QueueRefused`` carrying ``decision_s``, the seconds since the request reached the
+        gateway (``rec.t_start``, monotonic)."""
         if not plan.chain:
             return timeout_s
         pool = plan.chain[0]
@@ -110,7 +118,12 @@ class AdmissionControl:
         index = ticket.admission.band.index
         left = total_timeout_s(t.total_s, timeout_s) - self.flow.service_s(pool, index)
         budget_s = max(0.0, min(band.max_queue_s, t.ttft_s, left))
-        ticket.slot = slot = await self.flow.acquire(pool, ticket.admission, budget_s)
+        try:
+            ticket.slot = slot = await self.flow.acquire(pool, ticket.admission, budget_s)
+        except QueueRefused as e:  # arrival → decision, on the response and in the metrics
+            e.decision_s = time.monotonic() - rec.t_start
+            self.flow.observe_refusal(pool, ticket.admission.band.name, e.reason, e.decision_s)
+            raise
         if slot is None:
             return timeout_s
         rec.queue_wait_s = slot.waited_s if slot.queued else None
@@ -123,7 +136,8 @@ class AdmissionControl:
             return
         if ticket.slot is not None:
             u = rec.usage if rec.served_tier else None
-            self.flow.release(ticket.slot, u.prompt + u.completion if u is not None else None)
+            self.flow.release(ticket.slot, u.prompt + u.completion if u is not None else None,
+                              rec.ttft_s)
         await self.budgets.settle(ticket.hold, rec.cost_usd or 0.0)
 
     async def close(self) -> None:

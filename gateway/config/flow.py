@@ -56,7 +56,12 @@ class FlowControlConfig(_Strict):
     ``drain_half_life_s``: the half-life of the measured drain rate (estimated tokens
     dispatched per second of backlog). ``recheck_interval_s``: while requests wait, how often
     replica health and scraped engine queues are re-read (a finished request dispatches at
-    once). ``enabled``: false queues nothing (every request goes straight to the engines)."""
+    once). ``first_token_guard_s``: after a request of the top band takes a slot, requests of
+lower bands are not dispatched for the top band's typical time to first token (the mean of
+its measured TTFTs), at most this long (0 = off): their prompts' prefill would share the engine
+step the top band's first token waits for (vLLM batches every running request's prefill chunk
+into one step). A slot may stay idle that long. ``enabled``: false queues nothing (every
+    request goes straight to the engines)."""
 
     enabled: bool = True
     bands: list[BandConfig] = Field(default_factory=_default_bands, min_length=1)
@@ -68,6 +73,7 @@ class FlowControlConfig(_Strict):
     default_output_tokens: int = Field(256, ge=1)
     drain_half_life_s: float = Field(10.0, gt=0)
     recheck_interval_s: float = Field(0.1, gt=0)
+    first_token_guard_s: float = Field(0.5, ge=0)
 
     @model_validator(mode="after")
     def _check_bands(self) -> FlowControlConfig:

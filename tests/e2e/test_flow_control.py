@@ -256,6 +256,8 @@ def test_shed_at_arrival_with_retry_after_from_the_drain_rate(stack: Stack):
             assert err.status_code == 503 and err.body["code"] == "queue_wait_too_long"
             assert int(err.response.headers["retry-after"]) >= 20  # ≈ 40 s of backlog − 2 s
             assert answered_s < 1.0  # refused at once, not after 2 s in the queue
+            # the gateway's own part of that answer time: arrival → decision
+            assert 0 <= float(err.response.headers["x-speedgate-admit-s"]) <= answered_s
             flex = time.monotonic()
             with pytest.raises(openai.RateLimitError) as e2:
                 ask(stack, "hurried-flex", service_tier="flex",
@@ -272,6 +274,8 @@ def test_shed_at_arrival_with_retry_after_from_the_drain_rate(stack: Stack):
     finally:
         blocker.close()
     assert metric(stack, "speedgate_queue_shed_total", pool=POOL,
+                  reason="expected_wait") >= 2
+    assert metric(stack, "speedgate_queue_refusal_seconds_count", pool=POOL,
                   reason="expected_wait") >= 2
     assert engine_order(stack, {"hurried", "hurried-flex"}) == []
 

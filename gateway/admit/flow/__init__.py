@@ -3,7 +3,9 @@ saturated replicas, strict priority bands, fair queuing across keys and sessions
 shedding with an honest ``Retry-After``. A pool that cannot saturate pays nothing.
 
 - ``control``: ``FlowControl`` (``classify`` → ``Admission``, ``acquire`` → ``Slot``,
-  ``release``), ``QueueRefused`` (503, or 429 ``resource_unavailable`` for flex);
+  ``release``; the first-token guard of the top band);
+- ``refusal``: ``QueueRefused`` (503, or 429 ``resource_unavailable`` for flex; the decision
+  time in ``x-speedgate-admit-s``);
 - ``bands``: ``resolve_band`` (header ``x-speedgate-priority``, ``service_tier``, key) →
   ``BandChoice``;
 - ``queue``: ``BandedQueue`` of ``Waiter``s (strict bands, promotion, deadlines, tokens ahead);

@@ -9,7 +9,13 @@
    (``drain.shed``) exceeds ``budget_s`` or the queue is full, or it waits in the pool's
    ``BandedQueue`` until a slot frees (dispatched at once by ``release``), its deadline
    passes (refused then), or the client leaves (cancellation removes it);
-3. ``release(slot, actual_tokens)`` exactly once when the request ends, on every exit path.
+3. ``release(slot, actual_tokens, ttft_s)`` exactly once when the request ends, on every exit
+   path.
+
+Slots per band: ``saturation.band_limits`` (reservations are work-conserving). First-token
+guard: after a top-band request takes a slot, lower bands take none for the top band's typical
+time to first token (``first_token_guard_s`` at most), so no batch prompt is prefilled in the
+engine step that first token waits for.
 
 Refusals are 503 (``queue_full``, ``queue_wait_too_long``, ``queue_timeout``) with a
 ``Retry-After`` from the drain rate; a flex request gets OpenAI's 429 ``resource_unavailable``
@@ -32,39 +38,15 @@ from typing import Any
 from gateway.admit.flow.bands import HEADER, BandChoice, resolve_band
 from gateway.admit.flow.drain import DrainMeter, expected_wait_s, retry_after_s, shed
 from gateway.admit.flow.queue import BandedQueue, BandRule, Waiter
+from gateway.admit.flow.refusal import ADMIT_TIME_HEADER, QueueRefused
 from gateway.admit.flow.saturation import EngineQueues, band_limits, slot_capacity
 from gateway.config import ApiKeyConfig, GatewayConfig
-from gateway.errors import GatewayError
 from gateway.routing.pools import Pool, PoolRegistry
 
 log = logging.getLogger("speedgate.flow")
 
 #: Characters per token of the admission estimate (OpenAI: "~4 characters of English text").
 BYTES_PER_TOKEN = 4
-
-REFUSALS = {
-    "queue_full": "the pool's queue is full",
-    "expected_wait": "the expected wait in the pool's queue exceeds this request's limit",
-    "timeout": "the request waited in the pool's queue until its limit",
-}
-CODES = {"queue_full": "queue_full", "expected_wait": "queue_wait_too_long",
-         "timeout": "queue_timeout"}
-
-
-class QueueRefused(GatewayError):
-    """503 (a flex request: 429 ``resource_unavailable``): the pool cannot start the request
-    within its limit. ``reason``: queue_full | expected_wait | timeout."""
-
-    def __init__(self, reason: str, retry_after: float, flex: bool, detail: str = "") -> None:
-        msg = f"Overloaded: {REFUSALS[reason]}{detail}; retry after {retry_after:.0f}s."
-        if flex:
-            super().__init__(msg, status=429, type="rate_limit_error",
-                             code="resource_unavailable", retry_after_s=retry_after)
-        else:
-            super().__init__(msg, status=503, type="server_error", code=CODES[reason],
-                             retry_after_s=retry_after)
-        self.reason = reason
-
 
 @dataclass(slots=True)
 class Admission:
@@ -117,8 +99,12 @@ class _PoolFlow:
         self.key_drain: dict[str, DrainMeter] = {}  # per API key, while it has some waiting
         self.key_queued: Counter[str] = Counter()
         self.service_s: list[float | None] = [None] * len(cfg.bands)  # hold time EWMA, band
+        self.top_ttft_s: float | None = None  # the top band's time to first token, EWMA
+        self.guard_until = 0.0  # lower bands wait until then (a top-band first token is due)
+        self.guard_s = cfg.first_token_guard_s
         self.engine = EngineQueues()
         self.active = 0
+        self.held = [0] * len(cfg.bands)  # slots held per band (the band dispatched from)
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.dispatched: Counter[str] = Counter()  # band name → requests dispatched after waiting
@@ -133,19 +119,46 @@ class _PoolFlow:
         """The lowest-priority band that may take a slot now (None: none may)."""
         if self.engine.saturated(self.pool, now):
             return None
+        top_only = now < self.guard_until
         cap = slot_capacity(self.pool, now)
         if cap is None:
-            return len(self.shares) - 1
+            return 0 if top_only else len(self.shares) - 1
         lowest = None
-        for i, limit in enumerate(band_limits(cap, self.shares)):
-            if self.active < limit:
+        for i, limit in enumerate(band_limits(cap, self.shares, self.held)):
+            if self.active < limit and (i == 0 or not top_only):
                 lowest = i
         return lowest
 
     def take(self, admission: Admission, band: int, queued: bool, waited_s: float) -> Slot:
+        now = self.owner.clock()
         self.active += 1
+        self.held[band] += 1
         self.engine.sent += 1
-        return Slot(self, admission, band, queued, waited_s, self.owner.clock())
+        if admission.band.index == 0 and self.guard_s > 0 and self.top_ttft_s is not None:
+            self.hold_lower_bands(now, min(self.top_ttft_s, self.guard_s))
+        return Slot(self, admission, band, queued, waited_s, now)
+
+    def hold_lower_bands(self, now: float, hold_s: float) -> None:
+        """The first-token guard: no lower-band dispatch before ``now + hold_s``; then the
+        queue is served at once (a timer on the running loop, if any)."""
+        if now + hold_s <= self.guard_until:
+            return
+        self.guard_until = now + hold_s
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a pure test): the next tick serves the queue
+            return
+        loop.call_later(hold_s, self.guard_over)
+
+    def guard_over(self) -> None:
+        """A guard's time passed: hand free slots to waiting lower-band requests."""
+        if len(self.queue):
+            self.dispatch(self.owner.clock())
+
+    def learn_ttft(self, ttft_s: float) -> None:
+        """A top-band request's measured time to first token (s): EWMA, weight 0.2."""
+        prev = self.top_ttft_s
+        self.top_ttft_s = ttft_s if prev is None else prev + 0.2 * (ttft_s - prev)
 
     def key_event(self, now: float, key: str, delta: int, cost: float | None = None) -> None:
         """A request of ``key`` joined (+1) or left (-1) the queue; ``cost`` when it left for
@@ -257,6 +270,7 @@ class FlowControl:
         self.shed: Counter[tuple[str, str, str]] = Counter()  # (pool, band, reason)
         self.promotions: Counter[tuple[str, str, str]] = Counter()  # (pool, from, to)
         self.wait_observer: Callable[[str, str, float], None] | None = None
+        self.refusal_observer: Callable[[str, str, str, float], None] | None = None
 
     # -- the request path ------------------------------------------------------------------
     def classify(
@@ -314,18 +328,24 @@ class FlowControl:
                 pf.key_event(self.clock(), adm.key, -1)
             raise
 
-    def release(self, slot: Slot | None, actual_tokens: int | None) -> None:
+    def release(
+        self, slot: Slot | None, actual_tokens: int | None, ttft_s: float | None = None
+    ) -> None:
         """Give the slot back (idempotent) and dispatch the next waiting request at once.
         ``actual_tokens`` (prompt + completion; None when unknown) corrects the fair queue's
-        charge of a request that waited."""
+        charge of a request that waited; ``ttft_s`` (its measured time to first token, None
+        when it had none) teaches a top-band request's first-token guard."""
         if slot is None or slot.released:
             return
         slot.released = True
         pf = slot.pool
         pf.active -= 1
+        pf.held[slot.band] -= 1
         pf.engine.finished += 1
         pf.served(slot, self.clock())
         adm = slot.admission
+        if ttft_s is not None and adm.band.index == 0:
+            pf.learn_ttft(ttft_s)
         if slot.charged and actual_tokens is not None:
             pf.queue.bands[slot.band].fair.settle(adm.key, adm.session, actual_tokens - adm.cost)
         if len(pf.queue):
@@ -342,6 +362,12 @@ class FlowControl:
     def count_shed(self, pool: Pool, band: str, reason: str) -> None:
         """Count one refused request (``speedgate_queue_shed_total``)."""
         self.shed[(pool.key, band, reason)] += 1
+
+    def observe_refusal(self, pool: Pool, band: str, reason: str, decision_s: float) -> None:
+        """Report a refusal's time from arrival at the gateway to the decision (seconds) to
+        the metrics (``speedgate_queue_refusal_seconds``, if wired)."""
+        if self.refusal_observer is not None:
+            self.refusal_observer(pool.key, band, reason, decision_s)
 
     def observe_wait(self, pool: Pool, band: str, waited_s: float) -> None:
         """Report the queue wait of a dispatched request to the metrics (if wired)."""
@@ -362,4 +388,4 @@ class FlowControl:
                     await pf.task
 
 
-__all__ = ["HEADER", "Admission", "FlowControl", "QueueRefused", "Slot"]
+__all__ = ["ADMIT_TIME_HEADER", "HEADER", "Admission", "FlowControl", "QueueRefused", "Slot"]

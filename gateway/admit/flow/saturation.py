@@ -2,8 +2,9 @@
 the configured bound. Pure functions of the pool's state and ``now`` (monotonic s).
 
 Slots: ``max_inflight_per_replica`` × replicas that are healthy and not ejected. A band may use
-the slots minus those reserved for the bands above it (``reserved_share``, rounded up, never
-all of them), so the top band usually finds a free slot. Engine queues: the scraped
+the slots minus the part of the higher bands' reservations (``reserved_share``, rounded up,
+never all of them) that those bands do not hold now, so the top band usually finds a free slot
+and a reservation in use costs the lower bands nothing. Engine queues: the scraped
 ``vllm:num_requests_waiting`` of replicas scraped within ``fresh_s``, plus the requests this
 gateway sent since the newest scrape, minus those that finished since (each frees a running
 slot that a waiting request takes); saturated when that exceeds ``max_engine_waiting`` per
@@ -18,15 +19,27 @@ from collections.abc import Sequence
 from gateway.routing.pools import Pool
 
 
-def band_limits(capacity: int, reserved_shares: Sequence[float]) -> list[int]:
-    """Slots each band may fill, band 0 first: ``capacity`` minus ``ceil(capacity × sum of the
-    reserved shares of the bands above)``, at least 1 while ``capacity`` is positive."""
+def band_limits(
+    capacity: int, reserved_shares: Sequence[float], held: Sequence[int] | None = None
+) -> list[int]:
+    """Slots in use (all bands together) below which each band may take one more, band 0
+    first: ``capacity`` minus the unused reservations of the bands above, ``Σ_j max(0, r_j −
+    held_j)`` where band j reserves ``r_j = ceil(capacity × Σ shares up to j) − ceil(capacity
+    × Σ shares before j)`` slots; at least 1 while ``capacity`` is positive. ``held``: slots
+    each band holds now (None: none).
+
+    A reservation is kept free *for* its band, not on top of what that band already holds: a
+    top-band request running in a reserved slot uses the reservation, so the lower bands may
+    fill every other slot (work-conserving: the only idle slots are the unused part of a
+    reservation); a band holding more than its reservation frees nothing of another's."""
     out: list[int] = []
-    above = 0.0
-    for share in reserved_shares:
-        held = math.ceil(capacity * above - 1e-9)
-        out.append(max(min(capacity, 1), capacity - held))
-        above += share
+    cum = 0.0
+    unused = 0
+    for i, share in enumerate(reserved_shares):
+        out.append(max(min(capacity, 1), capacity - unused))
+        mine = math.ceil(capacity * (cum + share) - 1e-9) - math.ceil(capacity * cum - 1e-9)
+        cum += share
+        unused += max(0, mine - (held[i] if held is not None and i < len(held) else 0))
     return out
 
 

@@ -47,6 +47,7 @@ def exported() -> dict[str, set[str]]:
     flow.shed[("m/standard", "batch", "expected_wait")] += 1
     flow.promotions[("m/standard", "batch", "standard")] += 1
     flow.observe_wait(pools.get("m", "standard"), "batch", 0.5)
+    flow.observe_refusal(pools.get("m", "standard"), "batch", "expected_wait", 0.002)
     flow.pools["m/standard"].drain.rate = lambda: 100.0  # type: ignore[method-assign]
     budgets.refusals["m"] = budgets.soft["m"] = 1
     rec = RequestRecord(request_id="r", path="/v1/chat/completions", model="m",

@@ -70,3 +70,18 @@ def test_band_limits_reserve_slots_for_higher_bands():
     assert band_limits(2, [0.1, 0.0, 0.0]) == [2, 1, 1]
     assert band_limits(1, [0.5, 0.0]) == [1, 1]  # never every slot
     assert band_limits(0, [0.1, 0.0]) == [0, 0]
+
+
+def test_a_reservation_in_use_frees_the_lower_bands():
+    """Reserved slots a band holds count against its reservation: the lower bands may then
+    fill every slot but the reservation's unused part (work-conserving), and a band holding
+    more than its own reservation frees nothing of another band's."""
+    assert band_limits(32, [0.0625, 0.0, 0.0], [0, 0, 30]) == [32, 30, 30]
+    assert band_limits(32, [0.0625, 0.0, 0.0], [1, 0, 29]) == [32, 31, 31]
+    assert band_limits(32, [0.0625, 0.0, 0.0], [2, 0, 28]) == [32, 32, 32]
+    assert band_limits(32, [0.0625, 0.0, 0.0], [5, 0, 20]) == [32, 32, 32]
+    # two reservations: band 1 over its own share leaves band 0's unused reservation held
+    assert band_limits(10, [0.2, 0.2, 0.0], [0, 5, 0]) == [10, 8, 8]
+    assert band_limits(10, [0.2, 0.2, 0.0], [1, 1, 0]) == [10, 9, 8]
+    assert band_limits(10, [0.2, 0.2, 0.0], None) == band_limits(10, [0.2, 0.2, 0.0])
+    assert band_limits(1, [0.5, 0.0], [1, 0]) == [1, 1]

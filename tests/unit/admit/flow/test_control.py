@@ -27,9 +27,10 @@ class Clock:
 
 
 def make(cap: int = 1, replicas: int = 1, bands: list[dict] | None = None,
-         **pool: Any) -> tuple[FlowControl, Any, Clock]:
+         flow_extra: dict | None = None, **pool: Any) -> tuple[FlowControl, Any, Clock]:
     cfg = load_config(
-        flow_control={"bands": bands or BANDS, "recheck_interval_s": 1000},
+        flow_control={"bands": bands or BANDS, "recheck_interval_s": 1000,
+                      **(flow_extra or {})},
         models={"m": {"tiers": {"standard": {
             "served_model_name": "m", "max_inflight_per_replica": cap,
             "endpoints": [f"http://10.0.0.{i}:8000" for i in range(replicas)], **pool}}}},
@@ -119,6 +120,30 @@ async def test_reserved_share_keeps_slots_for_the_top_band():
     flow.release(slots[0], None)
     await settle()
     assert waiting.done()
+
+
+async def test_a_reservation_in_use_lets_the_lower_bands_fill_the_rest():
+    """A top-band request running in a reserved slot uses the reservation: the lower bands
+    may take every other slot, and only the reservation's unused part stays idle."""
+    bands = [{**BANDS[0], "reserved_share": 0.2}, BANDS[1], BANDS[2]]
+    flow, pool, _ = make(cap=5, replicas=2, bands=bands)  # 10 slots, 2 reserved
+    slots = [await flow.acquire(pool, adm(1, session=str(i)), 10) for i in range(8)]
+    top = await flow.acquire(pool, adm(0), 10)
+    assert top is not None and not top.queued
+    pf = flow.pools[pool.key]
+    assert pf.active == 9 and pf.held == [1, 8, 0]
+    first = await queue(flow, pool, adm(2, key="c"))
+    assert not first.done()  # the 10th slot is the reservation's unused part
+    flow.release(slots[0], None)
+    await settle()
+    # 8 in use: the top band holds one of its 2 reserved slots, so 9 may be in use
+    assert first.done() and pf.held == [1, 7, 1]
+    flow.release(top, None)
+    second = await queue(flow, pool, adm(2, key="d"))
+    assert not second.done()  # both reserved slots unused again: 8 may be in use
+    flow.release(slots[1], None)
+    await settle()
+    assert second.done() and pf.held == [0, 6, 2]
 
 
 async def _measured(flow: FlowControl, pool: Any, clock: Clock) -> Slot:
@@ -291,3 +316,76 @@ async def test_service_time_per_band_is_learned():
     clock.t += 18.0
     flow.release(s, None)
     assert flow.service_s(pool, 2) == pytest.approx(10.0)  # EWMA, 0.2 to the newest
+
+
+async def test_a_refusal_reports_its_decision_time_from_arrival():
+    """``AdmissionControl.wait`` stamps a refusal with the seconds since the request reached
+    the gateway (``rec.t_start``): the ``x-speedgate-admit-s`` header and the refusal metric."""
+    from types import SimpleNamespace
+
+    from gateway.admit.budget import SessionBudgets
+    from gateway.admit.control import AdmissionControl, Ticket
+    from gateway.telemetry.record import RequestRecord
+
+    flow, pool, clock = make(cap=1)
+    held = await _measured(flow, pool, clock)
+    for i in range(20):
+        await queue(flow, pool, adm(1, key="x", session=str(i)))
+    seen: list[tuple[str, str, str, float]] = []
+    flow.refusal_observer = lambda *a: seen.append(a)
+    control = AdmissionControl(flow, SessionBudgets(flow.config, None))
+    rec = RequestRecord(request_id="r", path="/v1/chat/completions")
+    rec.t_start -= 0.25  # it reached the gateway a quarter second ago
+    plan = SimpleNamespace(chain=[pool])
+    with pytest.raises(QueueRefused) as e:
+        await control.wait(Ticket(adm(1, key="x")), plan, 0.5, rec)  # type: ignore[arg-type]
+    err = e.value
+    assert err.decision_s is not None and err.decision_s >= 0.25
+    assert float(err.headers()["x-speedgate-admit-s"]) == pytest.approx(err.decision_s, abs=1e-4)
+    assert err.headers()["retry-after"]
+    assert seen == [(pool.key, "standard", "expected_wait", err.decision_s)]
+    flow.release(held, None)
+    await flow.close()
+
+
+async def test_first_token_guard_holds_lower_bands_while_a_top_band_first_token_is_due():
+    """After a top-band request takes a slot, lower bands wait its band's typical time to
+    first token (learned from finished top-band requests, capped by
+    ``first_token_guard_s``): their prefill would share the step its first token needs."""
+    flow, pool, clock = make(cap=4, flow_extra={"first_token_guard_s": 0.5})
+    pf = flow.pools[pool.key]
+    first = await flow.acquire(pool, adm(0), 10)
+    assert pf.guard_until == 0.0  # nothing learned yet: no guard
+    flow.release(first, 50, ttft_s=0.2)
+    assert pf.top_ttft_s == pytest.approx(0.2)
+    top = await flow.acquire(pool, adm(0), 10)
+    assert pf.guard_until == pytest.approx(clock.t + 0.2)
+    batch = await queue(flow, pool, adm(2, key="b"))  # slots are free, but the guard holds
+    assert not batch.done() and pf.lowest_band(clock.t) == 0
+    also_top = await flow.acquire(pool, adm(0), 10)  # the top band itself is never held
+    assert also_top is not None and not also_top.queued
+    clock.t += 0.2
+    pf.tick(clock.t)
+    await settle()
+    assert batch.done() and batch.result().queued
+    # a slow first token is capped by first_token_guard_s
+    for _ in range(30):
+        flow.release(await flow.acquire(pool, adm(0), 10), 50, ttft_s=3.0)
+    assert pf.guard_until == pytest.approx(clock.t + 0.5)
+    for s in (top, also_top, batch.result()):
+        flow.release(s, None)
+    await flow.close()
+
+
+async def test_first_token_guard_off_and_lower_band_ttfts_teach_nothing():
+    flow, pool, _ = make(cap=4, flow_extra={"first_token_guard_s": 0})
+    pf = flow.pools[pool.key]
+    flow.release(await flow.acquire(pool, adm(0), 10), 50, ttft_s=0.2)
+    await flow.acquire(pool, adm(0), 10)
+    assert pf.guard_until == 0.0
+    assert await flow.acquire(pool, adm(2), 10) is not None
+    flow2, pool2, _ = make(cap=4)
+    flow2.release(await flow2.acquire(pool2, adm(2), 10), 50, ttft_s=0.2)
+    assert flow2.pools[pool2.key].top_ttft_s is None
+    await flow.close()
+    await flow2.close()
