@@ -15,7 +15,8 @@ Faithful to vLLM's V1 scheduler in spirit:
   of uncached prompt tokens (chunked prefill, oldest first); a sequence gets its first token in
   the step that finishes its prefill, so TTFT = queue wait + prefill of its uncached tokens (+
   the steps it shares);
-- a step lasts ``perf.step_s(decoding) + perf.prefill_s(prefill_tokens)``, scaled by
+- a step lasts ``perf.forward_s(decoding, prefill_tokens)`` (the weights are read once per
+  step, a prefill-only step included), scaled by
   ``time_scale``; with ``time_scale == 0`` the loop yields once per step (fair interleaving) and
   sleeps on an event when idle (no busy spin);
 - in speculative mode each decoding sequence gains ``accepted + 1`` tokens per step, drawn
@@ -264,7 +265,7 @@ class Engine:
                     prefill_tokens += take
                     if s.prefill_left == 0:
                         prefilled.append(s)
-            delay = (perf.step_s(len(decoding)) + perf.prefill_s(prefill_tokens)) * self.time_scale
+            delay = perf.forward_s(len(decoding), prefill_tokens) * self.time_scale
             await asyncio.sleep(delay)
             self._emit(decoding, prefilled)
 

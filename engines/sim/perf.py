@@ -107,6 +107,23 @@ class PerfModel:
         """Seconds of one decode step of this replica's kind."""
         return self.spec_step_s(batch) if self.speculative else self.decode_step_s(batch)
 
+    def forward_s(self, batch: int, prefill_tokens: int) -> float:
+        """Seconds of one engine step (one forward pass): ``batch`` decoding sequences plus
+        ``prefill_tokens`` uncached prompt tokens (chunked prefill); 0 when there is nothing to
+        run.
+
+        Every forward pass streams the weights once, a prefill-only pass included: a step with
+        no decoding sequence still costs ``decode_base_ms`` (the weight read of the module
+        docstring) on top of its prefill compute, so a short prompt on an idle replica is
+        memory-bound like a decode step (roofline: 100 prompt tokens are 7 ms of compute but
+        10.5 ms of weight reads). Mixed steps pay the base once, inside ``step_s``.
+        """
+        if batch > 0:
+            return self.step_s(batch) + self.prefill_s(prefill_tokens)
+        if prefill_tokens <= 0:
+            return 0.0
+        return self.decode_base_ms * MS + self.prefill_s(prefill_tokens)
+
     def tokens_per_step(self) -> float:
         """Expected tokens per sequence per step (1 for standard decoding)."""
         return expected_tokens_per_step(self.num_speculative_tokens, self.acceptance_rate)

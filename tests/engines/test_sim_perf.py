@@ -45,3 +45,12 @@ def test_standard_step_grows_with_batch_and_idle_is_free() -> None:
     assert STD.step_s(256) > STD.step_s(1)
     assert STD.tpot_s(8) == STD.step_s(8)
     assert STD.prefill_s(1000) == pytest.approx(0.07)
+
+
+def test_every_forward_pass_reads_the_weights_once() -> None:
+    """A prefill-only step pays the weight read (decode_base_ms) like a decode step; a mixed
+    step pays it once; an empty step is free."""
+    assert STD.forward_s(0, 0) == 0
+    assert STD.forward_s(0, 100) == pytest.approx(0.012 + 0.007)
+    assert STD.forward_s(8, 100) == pytest.approx(STD.step_s(8) + 0.007)
+    assert SPEC.forward_s(0, 100) == pytest.approx(0.012 + 0.007)
