@@ -123,8 +123,8 @@ class DisconnectWatch:
             if msg["type"] == "http.disconnect":
                 break
         self.disconnected = True
-        assert self._task is not None
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
     async def __aexit__(
         self,
@@ -133,9 +133,13 @@ class DisconnectWatch:
         tb: TracebackType | None,
     ) -> None:
         assert self._watcher is not None and self._task is not None
-        self._watcher.cancel()
+        # the cancelled watcher keeps its CancelledError, whose traceback holds ``_watch``'s
+        # frame and so this object: dropping the references here leaves no cycle for the
+        # cyclic GC (telemetry.gcstats)
+        watcher, task, self._watcher, self._task = self._watcher, self._task, None, None
+        watcher.cancel()
         if self.disconnected and exc_type is asyncio.CancelledError:
-            if self._task.uncancel() == 0:
+            if task.uncancel() == 0:
                 raise ClientDisconnected() from None
 
 

@@ -1,0 +1,400 @@
+"""Capacity per core: what one gateway core relays, against a raw engine that costs ~nothing.
+
+Setup (issue 18): a raw zero-delay engine (``loadtests.raw_engine``: pre-serialised answers,
+``--chunks`` content chunks per stream, not the simulator, which is heavier than the gateway)
+and this process's closed-loop load generator share one core; the gateway (one worker unless
+``--workers``) has the other to itself (``os.sched_setaffinity``, when there are two or more
+CPUs; ``--no-pin`` turns it off). Targets, measured side by side in one run, cell by cell:
+
+- ``direct``: the engine itself (the floor);
+- ``speedgate``: the gateway of this checkout;
+- ``base``: the gateway of another checkout (``--base DIR``, e.g. ``git worktree add DIR
+  <commit>``): before/after figures from one run;
+- ``litellm``: LiteLLM's proxy as the reference row, when ``--litellm-venv`` holds one
+  (``loadtests/bench_race.py`` creates it); ``--no-litellm`` skips it.
+
+For non-streaming and streaming chat requests at each ``--concurrency``: req/s, p50/p99
+latency. Derived per target: max req/s; req/s at p99 ≤ 1 / 5 / 10 ms (the best cell meeting
+it); latency added to ``direct`` at c=1 (p50, p99); p99/p50 per concurrency; gateway CPU
+(user + system, its worker processes included) per request and per relayed event (a stream
+relays ``chunks + 1`` events, ``[DONE]`` included) over the cells at c ≥ 32; cyclic GC
+collections and pauses during the cells (the gateway's ``speedgate_process_gc_*`` metrics;
+absent for a base without them); resident memory at start (before any request) and per open
+stream (``--hold`` streams held open by the engine, RSS before and while open).
+
+Run::
+
+    .venv/bin/python -m loadtests.bench_capacity_core              # ~2 minutes
+    .venv/bin/python -m loadtests.bench_capacity_core --base /tmp/sg-base --json
+    .venv/bin/python -m loadtests.bench_capacity_core --quick      # a few seconds per target
+
+Exit status 1 when any request failed (every failure is counted by kind in ``errors``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import psutil
+import yaml
+
+from loadtests._common import (
+    Cell,
+    Server,
+    aiohttp_request,
+    chat_body,
+    closed_loop,
+    install_loop,
+    new_session,
+    raise_on_sigterm,
+    start_gateway,
+    start_raw_engine,
+    stop_processes,
+)
+from loadtests.bench_race import DEFAULT_VENV, LITELLM_KEY, MODEL, LiteLLMError, start_litellm
+
+SERVED = "raw-engine-model"  # the engine's name: the gateway rewrites it to MODEL on the way
+KINDS = ("non-stream", "stream")
+P99_BOUNDS_MS = (1, 5, 10)
+SATURATED_C = 32  # CPU per request is read from the cells at this concurrency and above
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and its children (uvicorn workers)."""
+    p = psutil.Process(pid)
+    return [p, *p.children(recursive=True)]
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its children."""
+    return sum(sum(x.cpu_times()[:2]) for x in tree(pid))
+
+
+def tree_rss_kib(pid: int) -> float:
+    """Resident memory of ``pid`` and its children, KiB."""
+    return sum(x.memory_info().rss for x in tree(pid)) / 1024
+
+
+async def gc_counters(session: aiohttp.ClientSession, url: str) -> dict[str, float] | None:
+    """The gateway's ``speedgate_process_gc_*`` samples (None when it exports none)."""
+    try:
+        async with session.get(url + "/metrics") as r:
+            text = await r.text()
+    except aiohttp.ClientError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("speedgate_process_gc_") and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out or None
+
+
+def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    runs = {g: after.get(f'speedgate_process_gc_collections_total{{generation="{g}"}}', 0)
+            - before.get(f'speedgate_process_gc_collections_total{{generation="{g}"}}', 0)
+            for g in "012"}  # fmt: skip
+    pause = sum(after.get(f'speedgate_process_gc_pause_seconds_total{{generation="{g}"}}', 0)
+                - before.get(f'speedgate_process_gc_pause_seconds_total{{generation="{g}"}}', 0)
+                for g in "012")  # fmt: skip
+    freed = sum(after.get(f'speedgate_process_gc_collected_objects_total{{generation="{g}"}}', 0)
+                - before.get(f'speedgate_process_gc_collected_objects_total{{generation="{g}"}}', 0)
+                for g in "012")  # fmt: skip
+    return {"collections": runs, "pause_ms": round(pause * 1e3, 3), "collected": freed,
+            "max_pause_ms": round(after.get("speedgate_process_gc_pause_max_seconds", 0) * 1e3, 3)}
+
+
+class Setup:
+    """The engine, the gateways and LiteLLM, started and stopped together."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tmp = tempfile.TemporaryDirectory(prefix="speedgate-core-")
+        self.procs: list[Any] = []
+        self.urls: dict[str, str] = {}
+        self.pids: dict[str, int] = {}
+        self.rss_start: dict[str, float] = {}
+        self.server_cpus: set[int] | None = None
+        self.loadgen_cpus: set[int] | None = None
+
+    def start(self) -> None:
+        a = self.args
+        cpus = sorted(os.sched_getaffinity(0))
+        if a.pin and len(cpus) >= 2:
+            self.server_cpus, self.loadgen_cpus = {cpus[0]}, set(cpus[1:])
+            os.sched_setaffinity(0, self.loadgen_cpus)
+        engine = start_raw_engine(SERVED, a.chunks, self.loadgen_cpus)
+        self.procs.append(engine.proc)
+        self.urls["direct"] = engine.wait_ready("/health")
+        cfg_path = Path(self.tmp.name) / "gateway.yaml"
+        cfg_path.write_text(yaml.safe_dump({
+            "server": {"host": "127.0.0.1", "port": 0, "workers": a.workers,
+                       "log_level": "warning", "access_log": False},
+            "health": {"enabled": True, "interval_s": 2, "timeout_s": 1},
+            "models": {MODEL: {"tiers": {"standard": {
+                "served_model_name": SERVED, "endpoints": [self.urls["direct"]],
+                "timeouts": {"connect_s": 5, "ttft_s": 60, "stall_s": 30, "total_s": 120}}}}},
+        }))  # fmt: skip
+        gateways = {"speedgate": None, **({"base": a.base} if a.base else {})}
+        started: dict[str, Server] = {}
+        for name, source in gateways.items():
+            log = str(Path(self.tmp.name) / f"{name}.log")
+            srv = start_gateway(str(cfg_path), log, cpus=self.server_cpus,
+                                source=str(Path(source).resolve()) if source else None)
+            self.procs.append(srv.proc)
+            started[name] = srv
+        for name, srv in started.items():
+            try:
+                self.urls[name] = srv.wait_ready("/readyz", timeout_s=60)
+            except RuntimeError as e:
+                log = (Path(self.tmp.name) / f"{name}.log").read_text(errors="replace")
+                raise RuntimeError(f"{name} did not start: {e}\n{log[-3000:]}") from None
+            self.pids[name] = srv.pid
+        if a.litellm and (Path(a.litellm_venv) / "bin" / "litellm").exists():
+            proc, url = start_litellm(
+                Path(a.litellm_venv), self.urls["direct"], Path(self.tmp.name),
+                Path(self.tmp.name) / "litellm.log", cpus=self.server_cpus, workers=a.workers,
+                progress=lambda text: progress(a, text), procs=self.procs)
+            self.urls["litellm"], self.pids["litellm"] = url, proc.pid
+        time.sleep(0.5)  # the workers' start-up settles (a first health probe)
+        for name, pid in self.pids.items():
+            self.rss_start[name] = tree_rss_kib(pid)
+
+    def stop(self) -> None:
+        stop_processes(self.procs)
+        self.tmp.cleanup()
+
+    def targets(self) -> list[str]:
+        return [t for t in ("direct", "speedgate", "base", "litellm") if t in self.urls]
+
+    def headers(self, target: str) -> dict[str, str] | None:
+        return {"Authorization": f"Bearer {LITELLM_KEY}"} if target == "litellm" else None
+
+
+def progress(args: argparse.Namespace, text: str) -> None:
+    if not args.quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+async def measure_cells(setup: Setup, session: aiohttp.ClientSession) -> list[dict[str, Any]]:
+    """Every (kind, concurrency, target) cell; targets interleaved per cell so machine noise
+    hits them alike."""
+    a = setup.args
+    rows = []
+    for kind in KINDS:
+        stream = kind == "stream"
+        body = chat_body(MODEL, stream)
+        for target in setup.targets():  # warm-up: connections, caches, JIT-less but lazy imports
+            req = aiohttp_request(session, setup.urls[target] + "/v1/chat/completions", body,
+                                  stream, setup.headers(target))
+            await closed_loop(req, 8, a.warmup)
+        for conc in a.concurrency:
+            for target in setup.targets():
+                url = setup.urls[target]
+                req = aiohttp_request(session, url + "/v1/chat/completions", body, stream,
+                                      setup.headers(target))
+                pid = setup.pids.get(target)
+                gc0 = await gc_counters(session, url) if pid and target != "litellm" else None
+                cpu0 = tree_cpu_s(pid) if pid else 0.0
+                cell: Cell = await closed_loop(req, conc, a.duration)
+                cpu = tree_cpu_s(pid) - cpu0 if pid else None
+                gc1 = await gc_counters(session, url) if gc0 is not None else None
+                row = {"kind": kind, "concurrency": conc, "target": target, **cell.summary(),
+                       "cpu_s": None if cpu is None else round(cpu, 4),
+                       "gc": gc_delta(gc0, gc1)}
+                rows.append(row)
+                progress(a, f"  {kind:10} c={conc:<3} {target:9} {row['rps']:8.0f} req/s  "
+                            f"p50 {row['p50_ms']:.2f}  p99 {row['p99_ms']:.2f} ms")
+    return rows
+
+
+async def open_streams_rss(setup: Setup, target: str, n: int) -> dict[str, Any]:
+    """RSS of ``target`` before and while ``n`` streams are open (the engine holds them)."""
+    pid = setup.pids[target]
+    body = orjson.dumps({**orjson.loads(chat_body(MODEL, True)), "user": "hold"})
+    hdrs = {"Content-Type": "application/json", **(setup.headers(target) or {})}
+    before = tree_rss_kib(pid)
+    opened = asyncio.Event()
+    release = asyncio.Event()
+    count = 0
+    errors: dict[str, int] = {}
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal count
+        try:
+            async with session.post(setup.urls[target] + "/v1/chat/completions", data=body,
+                                    headers=hdrs) as r:
+                if r.status != 200:
+                    errors[f"http {r.status}"] = errors.get(f"http {r.status}", 0) + 1
+                    return
+                await r.content.readany()
+                count += 1
+                if count == n:
+                    opened.set()
+                await release.wait()
+        except aiohttp.ClientError as e:
+            errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+
+    async with new_session() as session:
+        tasks = [asyncio.create_task(one(session)) for _ in range(n)]
+        try:
+            await asyncio.wait_for(opened.wait(), 60)
+            await asyncio.sleep(0.3)
+            during = tree_rss_kib(pid)
+        except TimeoutError:
+            during = float("nan")
+        release.set()  # closing each response closes its connection: the stream ends
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {"streams": count, "rss_before_kib": round(before), "rss_open_kib": round(during),
+            "per_stream_kib": round((during - before) / max(count, 1), 1), "errors": errors}
+
+
+def summarize(rows: list[dict[str, Any]], chunks: int) -> dict[str, dict[str, Any]]:
+    """Per target and kind: the derived figures of the module docstring."""
+    out: dict[str, dict[str, Any]] = {}
+    by = {(r["kind"], r["concurrency"], r["target"]): r for r in rows}
+    for r in rows:
+        out.setdefault(r["target"], {}).setdefault(r["kind"], {})
+    for target, kinds in out.items():
+        for kind, s in kinds.items():
+            cells = [r for r in rows if r["target"] == target and r["kind"] == kind and r["ok"]]
+            s["max_rps"] = max((r["rps"] for r in cells), default=0.0)
+            for bound in P99_BOUNDS_MS:
+                fit = [r["rps"] for r in cells if r["p99_ms"] <= bound]
+                s[f"rps_at_p99_le_{bound}ms"] = max(fit) if fit else None
+            s["tail"] = {r["concurrency"]: round(r["p99_ms"] / r["p50_ms"], 2)
+                         for r in cells if r["p50_ms"] > 0}
+            c1, d1 = by.get((kind, 1, target)), by.get((kind, 1, "direct"))
+            if c1 is not None:
+                s["c1_p50_ms"], s["c1_p99_ms"] = c1["p50_ms"], c1["p99_ms"]
+                if d1 is not None and target != "direct":
+                    s["added_c1_p50_ms"] = round(c1["p50_ms"] - d1["p50_ms"], 3)
+                    s["added_c1_p99_ms"] = round(c1["p99_ms"] - d1["p99_ms"], 3)
+            hot = [r for r in cells if r["concurrency"] >= SATURATED_C and r["cpu_s"] is not None]
+            ok = sum(r["ok"] for r in hot)
+            if ok:
+                per_req = sum(r["cpu_s"] for r in hot) / ok * 1e6
+                s["cpu_us_per_request"] = round(per_req, 1)
+                if kind == "stream":
+                    s["cpu_us_per_event"] = round(per_req / (chunks + 1), 2)
+            gcs = [r["gc"] for r in cells if r.get("gc")]
+            if gcs:
+                s["gc_collections"] = {g: sum(x["collections"][g] for x in gcs) for g in "012"}
+                s["gc_pause_ms"] = round(sum(x["pause_ms"] for x in gcs), 2)
+                s["gc_collected_per_request"] = round(
+                    sum(x["collected"] for x in gcs) / max(1, sum(r["ok"] for r in cells)), 2)
+                s["gc_max_pause_ms"] = max(x["max_pause_ms"] for x in gcs)
+        st, ns = kinds.get("stream", {}), kinds.get("non-stream", {})
+        if "cpu_us_per_request" in st and "cpu_us_per_request" in ns:
+            st["cpu_us_per_extra_event"] = round(
+                (st["cpu_us_per_request"] - ns["cpu_us_per_request"]) / chunks, 2)
+    return out
+
+
+async def run(setup: Setup) -> dict[str, Any]:
+    a = setup.args
+    async with new_session() as session:
+        rows = await measure_cells(setup, session)
+    rss = {}
+    for target in setup.pids:
+        rss[target] = {"start_kib": round(setup.rss_start[target]),
+                       **await open_streams_rss(setup, target, a.hold)}
+    errors = {f"{r['kind']} c={r['concurrency']} {r['target']}": r["errors"]
+              for r in rows if r["errors"]}
+    errors.update({f"open streams {t}": v["errors"] for t, v in rss.items() if v["errors"]})
+    return {
+        "cells": rows, "summary": summarize(rows, a.chunks), "rss": rss, "errors": errors,
+        "settings": {
+            "duration_s": a.duration, "concurrency": a.concurrency, "chunks": a.chunks,
+            "events_per_stream": a.chunks + 1, "workers": a.workers, "hold": a.hold,
+            "server_cpus": sorted(setup.server_cpus or []),
+            "loadgen_cpus": sorted(setup.loadgen_cpus or []),
+            "python": platform.python_version(), "loadavg": os.getloadavg(),
+            "targets": setup.targets(), "base": a.base,
+        },
+    }  # fmt: skip
+
+
+def _f(v: Any) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.0f}" if isinstance(v, float) and v >= 100 else str(v)
+
+
+def print_report(res: dict[str, Any]) -> None:
+    s, targets = res["summary"], res["settings"]["targets"]
+    print(f"load average {res['settings']['loadavg']}; gateway cpus "
+          f"{res['settings']['server_cpus']}, engine + load generator "
+          f"{res['settings']['loadgen_cpus']}")
+    print("| | " + " | ".join(targets) + " |")
+    print("|---" * (len(targets) + 1) + "|")
+    keys = ["max_rps", *(f"rps_at_p99_le_{b}ms" for b in P99_BOUNDS_MS), "c1_p50_ms",
+            "c1_p99_ms", "added_c1_p50_ms", "added_c1_p99_ms", "tail", "cpu_us_per_request",
+            "cpu_us_per_event", "cpu_us_per_extra_event", "gc_collections", "gc_pause_ms",
+            "gc_max_pause_ms", "gc_collected_per_request"]
+    for kind in KINDS:
+        for k in keys:
+            vals = [s.get(t, {}).get(kind, {}).get(k) for t in targets]
+            if any(v is not None for v in vals):
+                print(f"| {kind} {k} | " + " | ".join(_f(v) for v in vals) + " |")
+    for k in ("start_kib", "per_stream_kib"):
+        print(f"| rss {k} | " + " | ".join(_f(res["rss"].get(t, {}).get(k)) for t in targets)
+              + " |")
+    if res["errors"]:
+        print("errors:", res["errors"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--duration", type=float, default=3.0, help="seconds per cell")
+    p.add_argument("--warmup", type=float, default=0.5, help="seconds per target and kind")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--chunks", type=int, default=20, help="content chunks per stream")
+    p.add_argument("--workers", type=int, default=1, help="gateway (and LiteLLM) workers")
+    p.add_argument("--hold", type=int, default=500, help="streams held open for RSS")
+    p.add_argument("--base", default="", help="also run the gateway of this checkout")
+    p.add_argument("--litellm-venv", default=str(DEFAULT_VENV))
+    p.add_argument("--no-litellm", dest="litellm", action="store_false")
+    p.add_argument("--no-pin", dest="pin", action="store_false")
+    p.add_argument("--quick", action="store_true", help="c=1 and 32, short cells (tests)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no per-cell progress on stderr")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.duration, args.warmup, args.hold = [1, 32], 0.4, 0.2, 20
+    install_loop()
+    raise_on_sigterm()
+    setup = Setup(args)
+    try:
+        setup.start()
+        result = asyncio.run(run(setup))
+    except LiteLLMError as e:
+        print(f"bench_capacity_core: LiteLLM did not start: {e}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        setup.stop()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_report(result)
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
