@@ -161,6 +161,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         state.console = console
         holder["state"] = state
         app.state.gateway = state
+        for endpoint in hot.values():  # the hot path reads the state itself, not via _Lazy
+            endpoint.state = state
         routing = RoutingService(config, pools, upstream, redis=redis)
         routing_collector = routing.register_metrics(metrics.registry)
         process_collector = ProcessCollector(asyncio.get_running_loop())

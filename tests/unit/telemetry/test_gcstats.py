@@ -19,9 +19,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+import pytest
 import uvloop
 
 from gateway.app import SpeedgateApp, create_app
+from gateway.asgi import DISCONNECT_KEY, DisconnectSignal
 from gateway.config import load_config
 from gateway.telemetry.gcstats import GEN0, GcSettings, GcStats
 from loadtests.raw_engine import Answers, RawHTTP
@@ -31,10 +33,15 @@ BURST = 40
 
 class Call:
     """One request through the app as uvicorn drives it: ``receive`` yields the body, then
-    blocks on an event until the client leaves (``leave``) or the response ended."""
+    blocks on an event until the client leaves (``gone``) or the response ended. With
+    ``SIGNAL`` set, the scope carries a ``DisconnectSignal`` as the gateway's own server
+    protocol sets it, fired when the client leaves."""
+
+    SIGNAL = False
 
     def __init__(self, body: bytes, path: str = "/v1/chat/completions") -> None:
         self.body, self.path = body, path
+        self.signal = DisconnectSignal() if Call.SIGNAL else None
         self.sent: list[dict[str, Any]] = []
         self.gone = asyncio.Event()
         self.first_body = asyncio.Event()
@@ -45,6 +52,11 @@ class Call:
             return self._msgs.pop()
         await self.gone.wait()
         return {"type": "http.disconnect"}
+
+    def leave(self) -> None:
+        self.gone.set()
+        if self.signal is not None:
+            self.signal.fire()
 
     async def send(self, msg: dict[str, Any]) -> None:
         self.sent.append(msg)
@@ -59,6 +71,8 @@ class Call:
             "headers": [(b"content-type", b"application/json"), (b"host", b"gw")],
             "client": ("127.0.0.1", 40000), "server": ("gw", 80), "state": {},
         }  # fmt: skip
+        if self.signal is not None:
+            scope[DISCONNECT_KEY] = self.signal
         try:
             await app(scope, self.receive, self.send)
         finally:
@@ -80,7 +94,7 @@ async def burst(app: SpeedgateApp, n: int) -> Counter[int]:
         call = Call(chat(True, user="hold"))
         task = asyncio.ensure_future(call.run(app))
         await call.first_body.wait()
-        call.gone.set()
+        call.leave()
         return await task
 
     for _ in range(n):
@@ -122,9 +136,15 @@ def cycles_found_by_collection() -> list[Any]:
     return found
 
 
-def test_a_burst_of_requests_leaves_no_reference_cycle() -> None:
-    uvloop.run(_burst_leaves_no_cycle())  # the gateway's loop (asyncio's own transports keep
-    # a cycle per closed connection: ``_read_ready_cb``; uvloop's do not)
+@pytest.mark.parametrize("signal", [False, True], ids=["watcher-task", "disconnect-signal"])
+def test_a_burst_of_requests_leaves_no_reference_cycle(signal: bool) -> None:
+    Call.SIGNAL = signal
+    try:
+        # the gateway's loop (asyncio's own transports keep a cycle per closed connection:
+        # ``_read_ready_cb``; uvloop's do not)
+        uvloop.run(_burst_leaves_no_cycle())
+    finally:
+        Call.SIGNAL = False
 
 
 async def _burst_leaves_no_cycle() -> None:
