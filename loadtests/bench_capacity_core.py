@@ -10,6 +10,8 @@ CPUs; ``--no-pin`` turns it off). Targets, measured side by side in one run, cel
 - ``speedgate``: the gateway of this checkout;
 - ``base``: the gateway of another checkout (``--base DIR``, e.g. ``git worktree add DIR
   <commit>``): before/after figures from one run;
+- ``speedgate-2w``: the same gateway with ``server.workers: 2`` on every CPU
+  (``--two-workers``; not pinned: what a user of this machine gets from a second worker);
 - ``litellm``: LiteLLM's proxy as the reference row, when ``--litellm-venv`` holds one
   (``loadtests/bench_race.py`` creates it); ``--no-litellm`` skips it.
 
@@ -63,11 +65,9 @@ from loadtests._common import (
     stop_processes,
 )
 from loadtests.bench_race import DEFAULT_VENV, LITELLM_KEY, MODEL, LiteLLMError, start_litellm
+from loadtests.capacity_report import KINDS, print_report, summarize
 
 SERVED = "raw-engine-model"  # the engine's name: the gateway rewrites it to MODEL on the way
-KINDS = ("non-stream", "stream")
-P99_BOUNDS_MS = (1, 5, 10)
-SATURATED_C = 32  # CPU per request is read from the cells at this concurrency and above
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -148,11 +148,20 @@ class Setup:
                 "served_model_name": SERVED, "endpoints": [self.urls["direct"]],
                 "timeouts": {"connect_s": 5, "ttft_s": 60, "stall_s": 30, "total_s": 120}}}}},
         }))  # fmt: skip
-        gateways = {"speedgate": None, **({"base": a.base} if a.base else {})}
+        gateways: dict[str, tuple[str | None, Path, set[int] | None]] = {
+            "speedgate": (None, cfg_path, self.server_cpus)}
+        if a.base:
+            gateways["base"] = (a.base, cfg_path, self.server_cpus)
+        if a.two_workers:  # the same gateway with 2 workers on every CPU (not pinned)
+            cfg2 = Path(self.tmp.name) / "gateway-2w.yaml"
+            doc = yaml.safe_load(cfg_path.read_text())
+            doc["server"]["workers"] = 2
+            cfg2.write_text(yaml.safe_dump(doc))
+            gateways["speedgate-2w"] = (None, cfg2, None)
         started: dict[str, Server] = {}
-        for name, source in gateways.items():
+        for name, (source, cfg, cpus) in gateways.items():
             log = str(Path(self.tmp.name) / f"{name}.log")
-            srv = start_gateway(str(cfg_path), log, cpus=self.server_cpus,
+            srv = start_gateway(str(cfg), log, cpus=cpus,
                                 source=str(Path(source).resolve()) if source else None)
             self.procs.append(srv.proc)
             started[name] = srv
@@ -178,7 +187,8 @@ class Setup:
         self.tmp.cleanup()
 
     def targets(self) -> list[str]:
-        return [t for t in ("direct", "speedgate", "base", "litellm") if t in self.urls]
+        order = ("direct", "speedgate", "base", "speedgate-2w", "litellm")
+        return [t for t in order if t in self.urls]
 
     def headers(self, target: str) -> dict[str, str] | None:
         return {"Authorization": f"Bearer {LITELLM_KEY}"} if target == "litellm" else None
@@ -262,48 +272,6 @@ async def open_streams_rss(setup: Setup, target: str, n: int) -> dict[str, Any]:
             "per_stream_kib": round((during - before) / max(count, 1), 1), "errors": errors}
 
 
-def summarize(rows: list[dict[str, Any]], chunks: int) -> dict[str, dict[str, Any]]:
-    """Per target and kind: the derived figures of the module docstring."""
-    out: dict[str, dict[str, Any]] = {}
-    by = {(r["kind"], r["concurrency"], r["target"]): r for r in rows}
-    for r in rows:
-        out.setdefault(r["target"], {}).setdefault(r["kind"], {})
-    for target, kinds in out.items():
-        for kind, s in kinds.items():
-            cells = [r for r in rows if r["target"] == target and r["kind"] == kind and r["ok"]]
-            s["max_rps"] = max((r["rps"] for r in cells), default=0.0)
-            for bound in P99_BOUNDS_MS:
-                fit = [r["rps"] for r in cells if r["p99_ms"] <= bound]
-                s[f"rps_at_p99_le_{bound}ms"] = max(fit) if fit else None
-            s["tail"] = {r["concurrency"]: round(r["p99_ms"] / r["p50_ms"], 2)
-                         for r in cells if r["p50_ms"] > 0}
-            c1, d1 = by.get((kind, 1, target)), by.get((kind, 1, "direct"))
-            if c1 is not None:
-                s["c1_p50_ms"], s["c1_p99_ms"] = c1["p50_ms"], c1["p99_ms"]
-                if d1 is not None and target != "direct":
-                    s["added_c1_p50_ms"] = round(c1["p50_ms"] - d1["p50_ms"], 3)
-                    s["added_c1_p99_ms"] = round(c1["p99_ms"] - d1["p99_ms"], 3)
-            hot = [r for r in cells if r["concurrency"] >= SATURATED_C and r["cpu_s"] is not None]
-            ok = sum(r["ok"] for r in hot)
-            if ok:
-                per_req = sum(r["cpu_s"] for r in hot) / ok * 1e6
-                s["cpu_us_per_request"] = round(per_req, 1)
-                if kind == "stream":
-                    s["cpu_us_per_event"] = round(per_req / (chunks + 1), 2)
-            gcs = [r["gc"] for r in cells if r.get("gc")]
-            if gcs:
-                s["gc_collections"] = {g: sum(x["collections"][g] for x in gcs) for g in "012"}
-                s["gc_pause_ms"] = round(sum(x["pause_ms"] for x in gcs), 2)
-                s["gc_collected_per_request"] = round(
-                    sum(x["collected"] for x in gcs) / max(1, sum(r["ok"] for r in cells)), 2)
-                s["gc_max_pause_ms"] = max(x["max_pause_ms"] for x in gcs)
-        st, ns = kinds.get("stream", {}), kinds.get("non-stream", {})
-        if "cpu_us_per_request" in st and "cpu_us_per_request" in ns:
-            st["cpu_us_per_extra_event"] = round(
-                (st["cpu_us_per_request"] - ns["cpu_us_per_request"]) / chunks, 2)
-    return out
-
-
 async def run(setup: Setup) -> dict[str, Any]:
     a = setup.args
     async with new_session() as session:
@@ -311,6 +279,7 @@ async def run(setup: Setup) -> dict[str, Any]:
     rss = {}
     for target in setup.pids:
         rss[target] = {"start_kib": round(setup.rss_start[target]),
+                       "processes": len(tree(setup.pids[target])),
                        **await open_streams_rss(setup, target, a.hold)}
     errors = {f"{r['kind']} c={r['concurrency']} {r['target']}": r["errors"]
               for r in rows if r["errors"]}
@@ -328,35 +297,6 @@ async def run(setup: Setup) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _f(v: Any) -> str:
-    if v is None:
-        return "—"
-    return f"{v:,.0f}" if isinstance(v, float) and v >= 100 else str(v)
-
-
-def print_report(res: dict[str, Any]) -> None:
-    s, targets = res["summary"], res["settings"]["targets"]
-    print(f"load average {res['settings']['loadavg']}; gateway cpus "
-          f"{res['settings']['server_cpus']}, engine + load generator "
-          f"{res['settings']['loadgen_cpus']}")
-    print("| | " + " | ".join(targets) + " |")
-    print("|---" * (len(targets) + 1) + "|")
-    keys = ["max_rps", *(f"rps_at_p99_le_{b}ms" for b in P99_BOUNDS_MS), "c1_p50_ms",
-            "c1_p99_ms", "added_c1_p50_ms", "added_c1_p99_ms", "tail", "cpu_us_per_request",
-            "cpu_us_per_event", "cpu_us_per_extra_event", "gc_collections", "gc_pause_ms",
-            "gc_max_pause_ms", "gc_collected_per_request"]
-    for kind in KINDS:
-        for k in keys:
-            vals = [s.get(t, {}).get(kind, {}).get(k) for t in targets]
-            if any(v is not None for v in vals):
-                print(f"| {kind} {k} | " + " | ".join(_f(v) for v in vals) + " |")
-    for k in ("start_kib", "per_stream_kib"):
-        print(f"| rss {k} | " + " | ".join(_f(res["rss"].get(t, {}).get(k)) for t in targets)
-              + " |")
-    if res["errors"]:
-        print("errors:", res["errors"])
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=3.0, help="seconds per cell")
@@ -366,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1, help="gateway (and LiteLLM) workers")
     p.add_argument("--hold", type=int, default=500, help="streams held open for RSS")
     p.add_argument("--base", default="", help="also run the gateway of this checkout")
+    p.add_argument("--two-workers", action="store_true",
+                   help="also run this gateway with server.workers 2, not pinned")
     p.add_argument("--litellm-venv", default=str(DEFAULT_VENV))
     p.add_argument("--no-litellm", dest="litellm", action="store_false")
     p.add_argument("--no-pin", dest="pin", action="store_false")
@@ -374,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no per-cell progress on stderr")
     args = p.parse_args(argv)
     if args.quick:
-        args.concurrency, args.duration, args.warmup, args.hold = [1, 32], 0.4, 0.2, 20
+        args.duration, args.warmup, args.hold = 0.4, 0.2, 20
+        if "--concurrency" not in (argv if argv is not None else sys.argv):
+            args.concurrency = [1, 32]
     install_loop()
     raise_on_sigterm()
     setup = Setup(args)
