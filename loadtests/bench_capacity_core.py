@@ -65,7 +65,7 @@ from loadtests._common import (
     stop_processes,
 )
 from loadtests.bench_race import DEFAULT_VENV, LITELLM_KEY, MODEL, LiteLLMError, start_litellm
-from loadtests.capacity_report import KINDS, print_report, summarize
+from loadtests.capacity_report import KINDS, merge_rounds, print_report, summarize
 
 SERVED = "raw-engine-model"  # the engine's name: the gateway rewrites it to MODEL on the way
 
@@ -200,8 +200,18 @@ def progress(args: argparse.Namespace, text: str) -> None:
 
 
 async def measure_cells(setup: Setup, session: aiohttp.ClientSession) -> list[dict[str, Any]]:
-    """Every (kind, concurrency, target) cell; targets interleaved per cell so machine noise
-    hits them alike."""
+    """Every (kind, concurrency, target) cell, ``--repeats`` rounds; targets interleaved per
+    cell so machine noise hits them alike."""
+    a = setup.args
+    rows = []
+    for rnd in range(a.repeats):
+        rows += await measure_round(setup, session, rnd)
+    return rows
+
+
+async def measure_round(
+    setup: Setup, session: aiohttp.ClientSession, rnd: int
+) -> list[dict[str, Any]]:
     a = setup.args
     rows = []
     for kind in KINDS:
@@ -222,7 +232,8 @@ async def measure_cells(setup: Setup, session: aiohttp.ClientSession) -> list[di
                 cell: Cell = await closed_loop(req, conc, a.duration)
                 cpu = tree_cpu_s(pid) - cpu0 if pid else None
                 gc1 = await gc_counters(session, url) if gc0 is not None else None
-                row = {"kind": kind, "concurrency": conc, "target": target, **cell.summary(),
+                row = {"kind": kind, "concurrency": conc, "target": target, "round": rnd,
+                       **cell.summary(),
                        "cpu_s": None if cpu is None else round(cpu, 4),
                        "gc": gc_delta(gc0, gc1)}
                 rows.append(row)
@@ -285,9 +296,11 @@ async def run(setup: Setup) -> dict[str, Any]:
               for r in rows if r["errors"]}
     errors.update({f"open streams {t}": v["errors"] for t, v in rss.items() if v["errors"]})
     return {
-        "cells": rows, "summary": summarize(rows, a.chunks), "rss": rss, "errors": errors,
+        "cells": rows, "summary": summarize(merge_rounds(rows), a.chunks), "rss": rss,
+        "errors": errors,
         "settings": {
-            "duration_s": a.duration, "concurrency": a.concurrency, "chunks": a.chunks,
+            "duration_s": a.duration, "repeats": a.repeats, "concurrency": a.concurrency,
+            "chunks": a.chunks,
             "events_per_stream": a.chunks + 1, "workers": a.workers, "hold": a.hold,
             "server_cpus": sorted(setup.server_cpus or []),
             "loadgen_cpus": sorted(setup.loadgen_cpus or []),
@@ -301,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=3.0, help="seconds per cell")
     p.add_argument("--warmup", type=float, default=0.5, help="seconds per target and kind")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of every cell (medians of req/s and latencies, CPU summed)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--chunks", type=int, default=20, help="content chunks per stream")
     p.add_argument("--workers", type=int, default=1, help="gateway (and LiteLLM) workers")

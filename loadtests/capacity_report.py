@@ -13,11 +13,37 @@ core, which machine noise distorts far less than a req/s reading); for streams
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 KINDS = ("non-stream", "stream")
 P99_BOUNDS_MS = (1, 5, 10)
 SATURATED_C = 32  # CPU per request is read from the cells at this concurrency and above
+
+
+def merge_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (kind, concurrency, target) from several rounds: the median round's req/s,
+    p50 and p99 (each its own median), requests and CPU seconds summed, GC deltas summed."""
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["kind"], r["concurrency"], r["target"]), []).append(r)
+    out = []
+    for (kind, conc, target), rs in groups.items():
+        cpus = [r["cpu_s"] for r in rs if r["cpu_s"] is not None]
+        gcs = [r["gc"] for r in rs if r.get("gc")]
+        out.append({
+            "kind": kind, "concurrency": conc, "target": target,
+            "rps": round(statistics.median(r["rps"] for r in rs), 1),
+            "p50_ms": round(statistics.median(r["p50_ms"] for r in rs), 3),
+            "p99_ms": round(statistics.median(r["p99_ms"] for r in rs), 3),
+            "ok": sum(r["ok"] for r in rs),
+            "cpu_s": sum(cpus) if len(cpus) == len(rs) else None,
+            "gc": {"collections": {g: sum(x["collections"][g] for x in gcs) for g in "012"},
+                   "pause_ms": sum(x["pause_ms"] for x in gcs),
+                   "collected": sum(x["collected"] for x in gcs),
+                   "max_pause_ms": max(x["max_pause_ms"] for x in gcs)} if gcs else None,
+        })  # fmt: skip
+    return out
 
 
 def summarize(rows: list[dict[str, Any]], chunks: int) -> dict[str, dict[str, Any]]:
