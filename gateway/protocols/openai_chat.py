@@ -7,13 +7,8 @@ tool call, reasoning, a refusal, a finish reason, usage or an error (the role ch
 Owned fields: ``model`` (the engine's served name up, the client's name down),
 ``stream_options.include_usage``, and ``service_tier`` on every answer (the tier that served).
 
-Per event the codec parses the chunk once (orjson, ~0.7 µs for a token chunk): the parse is
-the check that every event the client sees is valid JSON, and key lookups on it find usage and
-errors exactly (no byte search can: a key may be written with escapes). The rewrite is a byte
-splice (``ChunkRewriter``); a token chunk (no usage, no error, no ``service_tier``, the served
-model written compactly once) takes ``OpenAIStream.event``'s straight path: ~1 µs in all,
-framing included (``tests/unit/protocols/test_openai_fast_path.py`` holds it to the slow path's
-bytes).
+Per event the codec parses the chunk once (orjson, ~1-2 µs for a token chunk) to find usage,
+errors and the model field; the rewrite itself is a byte splice (``ChunkRewriter``).
 """
 
 from __future__ import annotations
@@ -40,7 +35,6 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
 from gateway.relay.body import ParsedBody, parse_body, upstream_body
-from gateway.relay.sse import DONE as DONE_DATA
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.telemetry.tokencount import completion_text, response_text
 
@@ -51,33 +45,14 @@ class ChunkRewriter:
     """Rewrites engine JSON chunks for the client: ``model`` back to the client-facing name and
     ``service_tier`` set to the tier that served. Byte splices, no parse."""
 
-    __slots__ = (
-        "_event_prefix", "_model_new", "_model_old", "_tier_prefix", "client_model",
-        "same_model", "served_model", "service_tier",
-    )
+    __slots__ = ("_model_new", "_model_old", "_tier_prefix", "client_model", "service_tier")
 
     def __init__(self, served_model: str, client_model: str, service_tier: str) -> None:
         self.client_model = client_model
-        self.served_model = served_model
         self.service_tier = service_tier
-        self.same_model = served_model == client_model
         self._model_old = b'"model":' + orjson.dumps(served_model)
         self._model_new = b'"model":' + orjson.dumps(client_model)
         self._tier_prefix = b'{"service_tier":' + orjson.dumps(service_tier) + b","
-        self._event_prefix = b"data: " + self._tier_prefix  # a whole SSE event's first bytes
-
-    def token_event(self, data: bytes, doc: dict[str, Any]) -> bytes | None:
-        """The client's SSE event for a chunk ``data`` (parsed: ``doc``) that carries no
-        ``usage``, ``error`` or ``service_tier`` key, in one concatenation: the served model
-        spliced when written compactly exactly once, the tier prepended. None when the chunk
-        needs ``chunk()`` (model written otherwise, a line break in the data)."""
-        if b"\n" in data or data[:1] != b"{":
-            return None
-        if not self.same_model and "model" in doc:
-            if doc["model"] != self.served_model or data.count(self._model_old) != 1:
-                return None
-            data = data.replace(self._model_old, self._model_new, 1)
-        return self._event_prefix + data[1:] + b"\n\n"
 
     def chunk(self, data: bytes, doc: dict[str, Any]) -> bytes:
         """Rewrite one SSE data payload whose parsed form is ``doc``: byte splices in the
@@ -147,19 +122,10 @@ class OpenAIStream(StreamCodec):
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data
         assert data is not None
-        if data == DONE_DATA:
+        if ev.is_done:
             return DONE, DONE_EVENT
-        try:
-            doc = orjson.loads(data)  # every forwarded event must be valid JSON
-        except orjson.JSONDecodeError:
-            doc = None
-        if type(doc) is dict and "usage" not in doc and "error" not in doc and (
-            "service_tier" not in doc
-        ):  # a token chunk: the straight path
-            out = self.rewriter.token_event(data, doc)
-            if out is not None:
-                return CONTENT, out
-        if not isinstance(doc, dict):
+        doc = json_object(data)
+        if doc is None:
             self.error = UpstreamError("engine sent a malformed event mid-stream")
             return ERROR, self.error_event(self.error)
         choices = doc.get("choices")
