@@ -14,12 +14,16 @@ collection runs when allocations minus deallocations of container objects exceed
 the middle generation after ``gen1`` young collections; a full one after ``gen2`` middle ones
 *and* when the objects waiting to be scanned exceed 25 % of the long-lived heap. With no
 per-request cycles, requests free what they allocate and a young collection finds nothing to
-free; its cost is the young objects it scans, so the threshold trades how often against how
-long. Measured in-process (``loadtests/bench_gc.py``: 20,000 requests, 32 concurrent, through the
-ASGI app against the raw engine): ``GEN0`` = 10,000 gave 21 young and 1 middle
-collection, 17-20 ms in all, the longest 7-10 ms (the middle one: ten young generations'
-survivors); ``GEN0`` = 2,000 (CPython's default from 3.13; 700 before) gave 103 and 9, 20 ms in
-all, the longest 1.8-4.4 ms. Pauses, not their sum, are what open streams feel: 2,000.
+free; it runs when the objects alive *in flight* cross ``gen0``, and costs about the young
+objects it scans. In a served gateway the in-flight population is large (64 concurrent
+requests, their connections and uvicorn/aiohttp objects: several thousand containers), so a
+low threshold is crossed over and over: ``loadtests/bench_capacity_core.py`` (uvicorn, c up to
+64) saw, with ``GEN0`` = 2,000 (CPython's default from 3.13; 700 before), 401 young, 37 middle
+and 3 full collections over its non-streaming cells, 571 ms of pauses, the longest 17 ms (a
+full one: every object created since the freeze); with ``GEN0`` = 10,000, one young collection
+(2.2 ms) in the whole run. The in-process burst (``loadtests/bench_gc.py``, no server objects)
+shows the other side: 10,000 makes each middle collection longer (7-10 ms against 2-4 ms), as
+it scans ten young generations' survivors; they come once per ~20,000 requests there.
 ``GEN1``/``GEN2`` keep the defaults (10).
 
 ``GcStats`` counts collections per generation and the time each took (a ``gc.callbacks``
@@ -36,7 +40,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-GEN0 = 2_000
+GEN0 = 10_000
 GEN1 = 10
 GEN2 = 10
 
