@@ -21,7 +21,8 @@ it); latency added to ``direct`` at c=1 (p50, p99); p99/p50 per concurrency; gat
 (user + system, its worker processes included) per request and per relayed event (a stream
 relays ``chunks + 1`` events, ``[DONE]`` included) over the cells at c ≥ 32; cyclic GC
 collections and pauses during the cells (the gateway's ``speedgate_process_gc_*`` metrics;
-absent for a base without them); resident memory at start (before any request) and per open
+absent for a base without them; with two workers, those of whichever worker answers each
+scrape); resident memory at start (before any request) and per open
 stream (``--hold`` streams held open by the engine, RSS before and while open).
 
 Run::

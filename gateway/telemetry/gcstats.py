@@ -47,28 +47,38 @@ GEN2 = 10
 
 class GcSettings:
     """``settle()`` after start-up: a full collection, ``gc.freeze()``, the thresholds above;
-    ``restore()`` at shutdown puts back the previous thresholds and unfreezes (so an app created
-    and stopped inside a test process leaves the collector as it found it)."""
+    ``restore()`` at shutdown puts back the thresholds found before and unfreezes, once the
+    last settled app of the process stops (several apps started in one test process leave the
+    collector as the first found it)."""
 
-    __slots__ = ("_previous",)
+    __slots__ = ("_settled",)
+    _active = 0  # apps of this process settled and not yet restored
+    _previous: tuple[int, int, int] = (700, 10, 10)
 
     def __init__(self) -> None:
-        self._previous: tuple[int, int, int] | None = None
+        self._settled = False
 
     def settle(self) -> None:
         """Collect once, freeze every surviving object, set ``(GEN0, GEN1, GEN2)``."""
-        if self._previous is None:
-            self._previous = gc.get_threshold()
+        if self._settled:
+            return
+        if GcSettings._active == 0:
+            GcSettings._previous = gc.get_threshold()
+        GcSettings._active += 1
+        self._settled = True
         gc.collect()
         gc.freeze()
         gc.set_threshold(GEN0, GEN1, GEN2)
 
     def restore(self) -> None:
-        """Undo ``settle`` (idempotent)."""
-        if self._previous is not None:
-            gc.set_threshold(*self._previous)
+        """Undo ``settle`` (idempotent); the last one restores the collector."""
+        if not self._settled:
+            return
+        self._settled = False
+        GcSettings._active -= 1
+        if GcSettings._active == 0:
+            gc.set_threshold(*GcSettings._previous)
             gc.unfreeze()
-            self._previous = None
 
 
 class GcStats(Collector):

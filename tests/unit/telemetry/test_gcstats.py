@@ -185,6 +185,18 @@ def test_settings_restore_what_they_found() -> None:
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
+def test_two_apps_in_one_process_restore_once_both_stopped() -> None:
+    before = gc.get_threshold()
+    first, second = GcSettings(), GcSettings()
+    first.settle()
+    second.settle()
+    first.restore()
+    assert gc.get_threshold()[0] == GEN0  # the second is still running
+    second.restore()
+    second.restore()  # idempotent
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
 def test_stats_count_collections_per_generation() -> None:
     stats = GcStats()
     stats.install()
