@@ -63,7 +63,7 @@ bench-clients: $(STAMP)  ## aiohttp vs httpx as the upstream client
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
 
-.PHONY: loadtest race capacity
+.PHONY: loadtest race capacity capacity-core
 loadtest: $(STAMP)  ## locust on the CPU stack -> reports/loadtest-<time>/summary.md + plots (ARGS=...)
 	$(BIN)/python -m loadtests.run_loadtest $(ARGS)
 
@@ -72,6 +72,9 @@ race: $(STAMP)  ## direct vs speedgate vs LiteLLM proxy (installs LiteLLM into l
 
 capacity: $(STAMP)  ## concurrent slow streams one gateway process holds, memory per stream
 	$(BIN)/python -m loadtests.bench_capacity $(ARGS)
+
+capacity-core: $(STAMP)  ## req/s, latency, CPU and RSS per gateway core vs a raw engine (ARGS=--base DIR ...)
+	$(BIN)/python -m loadtests.bench_capacity_core $(ARGS)
 
 .PHONY: bench-flow
 bench-flow: $(STAMP)  ## flow control: interactive TTFT under a batch-agent flood, off vs on (ARGS=...)

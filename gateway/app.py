@@ -52,6 +52,7 @@ from gateway.routing.pools import PoolRegistry
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
 from gateway.telemetry import tokencount
+from gateway.telemetry.gcstats import GcSettings, GcStats
 from gateway.telemetry.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.telemetry.procstats import ProcessCollector
 from gateway.telemetry.tracing import Telemetry
@@ -160,10 +161,14 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         state.console = console
         holder["state"] = state
         app.state.gateway = state
+        for endpoint in hot.values():  # the hot path reads the state itself, not via _Lazy
+            endpoint.state = state
         routing = RoutingService(config, pools, upstream, redis=redis)
         routing_collector = routing.register_metrics(metrics.registry)
         process_collector = ProcessCollector(asyncio.get_running_loop())
         metrics.registry.register(process_collector)
+        gc_stats, gc_settings = GcStats(), GcSettings()
+        metrics.registry.register(gc_stats)
         discoveries = []
         for pool in pools.all():
             d = pool.config.discovery
@@ -182,9 +187,14 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         health.start()
         routing.start()
         auto.start()
+        gc_settings.settle()  # start-up heap frozen, thresholds set (telemetry.gcstats)
+        gc_stats.install()  # collections counted from here on
         try:
             yield {GUARD_KEY: guard}  # the ASGI lifespan state: uvicorn hands it to protocols
         finally:
+            gc_settings.restore()
+            gc_stats.uninstall()
+            metrics.registry.unregister(gc_stats)
             await auto.stop()
             await routing.stop()
             metrics.registry.unregister(routing_collector)

@@ -118,7 +118,7 @@ class Endpoint:
             )
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
             final: dict[str, Any] | None = None
-            async with DisconnectWatch(receive), protocol.running(body, rec) as run:
+            async with DisconnectWatch(receive, scope), protocol.running(body, rec) as run:
                 # a saturated pool: wait in its queue (band order, fair share) or be refused
                 left_s = await state.admission.wait(ticket, plan, timeouts.total_s, rec)
                 timeouts = replace(timeouts, total_s=left_s)

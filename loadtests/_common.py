@@ -274,9 +274,11 @@ def _spawn_server(
     stdout: Any = subprocess.DEVNULL,
     stderr: Any = None,
     env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> Server:
     """Start ``cmd + ['--port-file', PATH]`` (``cmd`` asks for port 0) in its own process
-    group, dying with this process, pinned to ``cpus`` when given. Returns at once."""
+    group, dying with this process, pinned to ``cpus`` when given, in ``cwd`` when given.
+    Returns at once."""
     port_file = Path(tempfile.mkdtemp(prefix="speedgate-bench-port-")) / "port"
     try:
         proc = subprocess.Popen(
@@ -286,6 +288,7 @@ def _spawn_server(
             start_new_session=True,
             preexec_fn=_child_setup(cpus),
             env=env,
+            cwd=cwd,
         )
     except BaseException:
         shutil.rmtree(port_file.parent, ignore_errors=True)
@@ -315,10 +318,22 @@ def start_sim(
     return _spawn_server(cmd, cpus)
 
 
-def start_gateway(config_path: str, log_path: str, cpus: set[int] | None = None) -> Server:
+def start_raw_engine(model: str, chunks: int, cpus: set[int] | None = None) -> Server:
+    """The raw zero-delay engine (``loadtests.raw_engine``: pre-serialised answers, ``chunks``
+    chat chunks per stream) answering as ``model``, on a port it binds itself, optionally
+    pinned to ``cpus``. Returns at once; ``Server.wait_ready("/health")`` waits for it."""
+    cmd = [sys.executable, "-m", "loadtests.raw_engine", "--port", "0",
+           "--served-model-name", model, "--chunks", str(chunks)]
+    return _spawn_server(cmd, cpus)
+
+
+def start_gateway(
+    config_path: str, log_path: str, cpus: set[int] | None = None, source: str | None = None
+) -> Server:
     """``python -m gateway serve -c config_path --port 0`` (the port it binds is reported
     through a port file), output to ``log_path``, own process group, optionally pinned to
-    ``cpus``. Returns at once; ``Server.wait_ready("/readyz")`` waits for it."""
+    ``cpus``; ``source``: run the ``gateway`` package of another checkout (e.g. a base commit,
+    to compare in one run). Returns at once; ``Server.wait_ready("/readyz")`` waits for it."""
     log = open(log_path, "wb")  # the child keeps its own descriptor; closed here below
     try:
         return _spawn_server(
@@ -326,7 +341,9 @@ def start_gateway(config_path: str, log_path: str, cpus: set[int] | None = None)
             cpus,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                 **({"PYTHONPATH": source} if source else {})},
+            cwd=source,
         )
     finally:
         log.close()
@@ -363,6 +380,7 @@ __all__ = [
     "pct",
     "raise_on_sigterm",
     "start_gateway",
+    "start_raw_engine",
     "start_sim",
     "stop_processes",
     "wait_healthy",

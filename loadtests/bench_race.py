@@ -117,6 +117,74 @@ def ensure_litellm(venv: Path, log: Any = sys.stderr) -> Path:
     return exe
 
 
+def start_litellm(
+    venv: Path, api_base: str, workdir: Path, log_path: Path, *, cpus: set[int] | None,
+    workers: int, progress: Any, procs: list[Any],
+) -> tuple[subprocess.Popen, str]:
+    """Start LiteLLM's proxy (installed into ``venv`` when missing) in front of the engine at
+    ``api_base`` (served model ``MODEL``), ``workers`` uvicorn workers, pinned to ``cpus``,
+    its output in ``log_path``, its config in ``workdir``; appended to ``procs`` (stopped by
+    the caller). Returns the process and its URL once ``/health/liveliness`` answers. Raises
+    ``LiteLLMError`` when it cannot be installed or started."""
+    exe = ensure_litellm(venv)
+    cfg = {
+        "model_list": [{
+            "model_name": MODEL,
+            "litellm_params": {
+                "model": f"openai/{MODEL}",
+                "api_base": api_base + "/v1",
+                "api_key": "sk-unused",
+            },
+        }],
+        "general_settings": {"master_key": LITELLM_KEY},
+        "litellm_settings": {"request_timeout": 600, "set_verbose": False, "json_logs": True},
+    }  # fmt: skip
+    cfg_path = workdir / "litellm.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION",
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("SPEEDGATE_SERVER__WORKERS", None)
+
+    def setup() -> None:
+        die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    def log_text() -> str:
+        try:
+            return log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    # LiteLLM's proxy binds --port 0 but never says which port it got (its log is at
+    # LITELLM_LOG=ERROR), so it gets a port found free here; when another process took that
+    # port before LiteLLM bound it ("address already in use"), it starts again on a fresh
+    # one, LITELLM_START_TRIES times at most.
+    for attempt in range(1, LITELLM_START_TRIES + 1):
+        port = free_port()
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [str(exe), "--config", str(cfg_path), "--host", "127.0.0.1",
+                 "--port", str(port), "--num_workers", str(workers)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=setup, env=env, cwd=str(workdir),
+            )
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url, proc, "/health/liveliness", timeout_s=180)
+            return proc, url
+        except RuntimeError as e:
+            stop_processes([proc])
+            text = log_text()
+            if attempt < LITELLM_START_TRIES and "address already in use" in text.lower():
+                procs.remove(proc)
+                progress(f"  LiteLLM: port {port} taken meanwhile, retrying")
+                continue
+            raise LiteLLMError(f"LiteLLM proxy did not start: {e}\n{text[-3000:]}") from None
+    raise LiteLLMError("LiteLLM proxy did not start")
+
+
 class Race(Bench):
     """``Bench`` (simulator + speedgate) plus a LiteLLM proxy on the same simulator."""
 
@@ -130,58 +198,12 @@ class Race(Bench):
     def start(self) -> None:
         os.environ["SPEEDGATE_SERVER__WORKERS"] = str(self.args.workers)
         super().start()  # simulator + speedgate, pinning
-        exe = ensure_litellm(Path(self.args.litellm_venv))
-        cfg = {
-            "model_list": [{
-                "model_name": MODEL,
-                "litellm_params": {
-                    "model": f"openai/{MODEL}",
-                    "api_base": self.sim_url + "/v1",
-                    "api_key": "sk-unused",
-                },
-            }],
-            "general_settings": {"master_key": LITELLM_KEY},
-            "litellm_settings": {"request_timeout": 600, "set_verbose": False, "json_logs": True},
-        }  # fmt: skip
-        cfg_path = Path(self.tmp.name) / "litellm.yaml"
-        cfg_path.write_text(yaml.safe_dump(cfg))
-        env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_MODE": "PRODUCTION",
-               "PYTHONUNBUFFERED": "1"}
-        env.pop("SPEEDGATE_SERVER__WORKERS", None)
-        cpus = self.server_cpus
-
-        def setup() -> None:
-            die_with_parent()
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-
-        # LiteLLM's proxy binds --port 0 but never says which port it got (its log is at
-        # LITELLM_LOG=ERROR), so it gets a port found free here; when another process took that
-        # port before LiteLLM bound it ("address already in use"), it starts again on a fresh
-        # one, LITELLM_START_TRIES times at most.
-        for attempt in range(1, LITELLM_START_TRIES + 1):
-            port = free_port()
-            with self.ll_log.open("wb") as log:
-                proc = subprocess.Popen(
-                    [str(exe), "--config", str(cfg_path), "--host", "127.0.0.1",
-                     "--port", str(port), "--num_workers", str(self.args.workers)],
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=setup, env=env, cwd=self.tmp.name,
-                )
-            self.procs.append(proc)
-            self.ll_pid = proc.pid
-            self.ll_url = f"http://127.0.0.1:{port}"
-            try:
-                wait_ready(self.ll_url, proc, "/health/liveliness", timeout_s=180)
-                break
-            except RuntimeError as e:
-                stop_processes([proc])
-                text = self.litellm_log()
-                if attempt < LITELLM_START_TRIES and "address already in use" in text.lower():
-                    self.procs.remove(proc)
-                    _progress(self.args, f"  LiteLLM: port {port} taken meanwhile, retrying")
-                    continue
-                raise LiteLLMError(f"LiteLLM proxy did not start: {e}\n{text[-3000:]}") from None
+        proc, self.ll_url = start_litellm(
+            Path(self.args.litellm_venv), self.sim_url, Path(self.tmp.name), self.ll_log,
+            cpus=self.server_cpus, workers=self.args.workers,
+            progress=lambda text: _progress(self.args, text), procs=self.procs,
+        )
+        self.ll_pid = proc.pid
         if self.args.profile:
             self.start_profiler(Path(self.args.profile))
 

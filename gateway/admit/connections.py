@@ -43,6 +43,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from gateway.asgi import DISCONNECT_KEY, DisconnectSignal
 from gateway.config import ServerConfig
 
 #: Key of the ``ConnectionGuard`` in the ASGI lifespan state (uvicorn's ``app_state``).
@@ -156,6 +157,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # a pipelined earlier request is being served: uvicorn only tells the last one
             running.disconnected = True
             running.message_event.set()
+            _signal(running).fire()
+        if self.cycle is not None and not self.cycle.response_complete:
+            _signal(self.cycle).fire()
         self.pipeline.clear()  # queued requests of a closed connection never start
         super().connection_lost(exc)
 
@@ -171,6 +175,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._running = cycle
+        # how the request learns its client left, without a watcher task (gateway.asgi)
+        cycle.scope[DISCONNECT_KEY] = DisconnectSignal()  # type: ignore[literal-required]
         super()._start_asgi_task(cycle, app)
         if cycle.more_body and not cycle.response_complete:
             self._arm("body")  # the body of the request now served (a queued one's was paused)
@@ -241,3 +247,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             running.disconnected = True  # the app's receive() says so; its sends are dropped
             running.message_event.set()
         self.transport.close()
+
+
+def _signal(cycle: RequestResponseCycle) -> DisconnectSignal:
+    """The request's ``DisconnectSignal`` (a fresh, unwatched one if it never started)."""
+    signal = cycle.scope.get(DISCONNECT_KEY)  # type: ignore[misc]
+    return signal if isinstance(signal, DisconnectSignal) else DisconnectSignal()

@@ -43,6 +43,12 @@ class ProcessCollector(Collector):
             "speedgate_process_threads", "threads alive in the gateway",
             value=threading.active_count(),
         )
+        info = GaugeMetricFamily(
+            "speedgate_process_info", "this process (one per server.workers worker): its pid",
+            labels=["pid"],
+        )
+        info.add_metric([str(os.getpid())], 1)
+        yield info
         rss = resident_bytes()
         if rss is not None:
             yield GaugeMetricFamily(
