@@ -30,7 +30,7 @@ from engines.sim.plans import Plan, make_plans
 from engines.sim.request import RequestContext, RequestError
 from engines.sim.sse import ConnectionReset
 from engines.sim.state import STATE, SimState
-from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat
+from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat, rendered_key
 
 THREAD_THRESHOLD_CHARS = 200_000  # tokenise larger prompts in a worker thread
 
@@ -206,12 +206,20 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
         )
     texts: list[str] = []
     ids: list[list[int]] = []
+    prefix: str | None = None  # continue_final_message: the assistant text to continue
+    base_key: int | None = None
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "'messages' must be a non-empty list", "messages")
         try:
-            texts.append(render_chat(messages))
+            prefix = continuation_prefix(body, messages)
+            if prefix is None:
+                texts.append(render_chat(messages))
+            else:  # the prompt ends inside the assistant's turn, right after its text
+                base = render_chat(messages[:-1])
+                texts.append(base + prefix)
+                base_key = rendered_key(base)
         except ValueError as e:
             raise RequestError(400, str(e), "messages") from e
     else:
@@ -235,6 +243,8 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
         else:
             prompts.append(analyse(t, bs))
     prompts.extend(analyse_ids(i, bs) for i in ids)
+    if base_key is not None:  # the words an uninterrupted turn would have had
+        prompts[0].key = base_key
     requested = body.get("max_completion_tokens") if chat else None
     if requested is None:
         requested = body.get("max_tokens")
@@ -259,13 +269,38 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
             )
         # vLLM 0.32 caps the output at the room left instead of rejecting the request
         limits.append(room if requested is None else min(requested, room))
-    plans = make_plans(body, prompts, n, limits, cfg.output_tokens, faults, state.textgen, chat)
+    plans = make_plans(body, prompts, n, limits, cfg.output_tokens, faults, state.textgen, chat,
+                       prefix=prefix)
     for pl in plans:
         need = -(-(prompts[pl.index // n].num_tokens + pl.tokens) // bs)
         if need > cfg.num_gpu_blocks:
             raise RequestError(400, f"The request needs {need} KV-cache blocks; the engine has "
                                f"{cfg.num_gpu_blocks}.")
     return prompts, plans
+
+
+def continuation_prefix(body: dict[str, Any], messages: list[Any]) -> str | None:
+    """The final assistant message's text when the request asks vLLM to continue it
+    (``continue_final_message: true``), else None. Like vLLM (``ChatCompletionRequest``'s
+    validator), ``add_generation_prompt`` (default true) must then be false; and the final
+    message must be the assistant's. Raises ``ValueError`` (answered as 400)."""
+    if not body.get("continue_final_message"):
+        return None
+    if body.get("add_generation_prompt", True):
+        raise ValueError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        raise ValueError(
+            "continue_final_message is set but the final message is not an assistant message."
+        )
+    content = last.get("content")
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise ValueError("continue_final_message needs the final message's content as text.")
+    return content
 
 
 async def _engine_outputs(state: SimState, job: Job, n_plans: int

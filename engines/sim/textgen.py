@@ -65,10 +65,15 @@ def block_hashes(tokens: list[Any], block_size: int) -> list[int]:
     return out
 
 
+def rendered_key(text: str) -> int:
+    """The text key of a rendered prompt (CRC32 of its UTF-8 bytes), which seeds the words."""
+    return zlib.crc32(text.encode())
+
+
 def analyse(text: str, block_size: int) -> Prompt:
     """Tokenise ``text`` and hash its blocks (call via ``asyncio.to_thread`` when large)."""
     tokens = tokenize(text)
-    return Prompt(len(tokens), block_hashes(tokens, block_size), zlib.crc32(text.encode()))
+    return Prompt(len(tokens), block_hashes(tokens, block_size), rendered_key(text))
 
 
 def analyse_ids(ids: list[int], block_size: int) -> Prompt:
