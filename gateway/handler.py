@@ -27,19 +27,22 @@ from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, rea
 from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.config import Prices
-from gateway.errors import GatewayError, UnreadableResponse, UpstreamTimeout
+from gateway.errors import GatewayError
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
 from gateway.protocols.base import Protocol, Rewrite, StreamCodec
 from gateway.relay.body import ParsedBody
-from gateway.relay.stream import SSE_HEADERS, relay_events
+from gateway.relay.resume import relay_resumable
+from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
 from gateway.telemetry.accounting import account
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import OpenedResponse
+from gateway.upstream.continuation import Resumption
 from gateway.upstream.deadline import client_timeouts
 from gateway.upstream.failover import open_with_failover
 
@@ -127,16 +130,18 @@ class Endpoint:
                     state, plan, body, protocol, rec, trace, timeouts
                 )
                 run.replica = opened.attempt.replica.url
+                attempts = [opened]  # and the continuations of a resumed stream
                 try:
-                    # 4. relay
+                    # 4. relay (a stream that breaks mid-way is resumed on another replica)
                     response_doc = opened.doc
                     final = await self._respond(
-                        send, plan, opened, body, rec, relayed, limit_headers, codecs
+                        send, plan, attempts, body, rec, trace, relayed, limit_headers, codecs
                     )
                 finally:
-                    opened.close()
-                    if opened.span is not None:
-                        opened.span.end(rec.outcome or "error", status=rec.status)
+                    for each in attempts:
+                        each.close()
+                        if each.span is not None:
+                            each.span.end(rec.outcome or "error", status=rec.status)
             if final is not None:
                 await protocol.finish(body, rec.key_id, final)  # e.g. store the response
         except ClientDisconnected:
@@ -207,17 +212,19 @@ class Endpoint:
         self,
         send: Any,
         plan: Plan,
-        opened: OpenedResponse,
+        attempts: list[OpenedResponse],
         body: ParsedBody,
         rec: RequestRecord,
+        trace: RequestTrace,
         relayed: list[bytes],
         limit_headers: list[tuple[bytes, bytes]],
         codecs: list[StreamCodec],
     ) -> dict[str, Any] | None:
-        """Answer the client from ``opened``; the final response object sent (JSON body, or
-        the stream's last one where the protocol has it; ``{}`` for a stream without one), or
-        None when the stream failed."""
+        """Answer the client from ``attempts[0]`` (a stream's continuations are appended);
+        the final response object sent (JSON body, or the stream's last one where the
+        protocol has it; ``{}`` for a stream without one), or None when the stream failed."""
         protocol = self.protocol
+        opened = attempts[0]
         pool = opened.attempt.pool
         rewrite = Rewrite(pool.config.served_model_name, plan.request.model_name, pool.tier,
                           flex=rec.flex)
@@ -239,16 +246,11 @@ class Endpoint:
         rec.response_started, rec.status = True, 200
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
         rec.itl = GapTimer()
-        result = await relay_events(
-            send,
-            opened.head,
-            opened.batches,
-            codec,
-            stall_s=opened.attempt.stall_s,
-            total_s=opened.attempt.total_s,
-            deadline=opened.attempt.deadline,
-            itl=rec.itl,
-            relayed=relayed,
+        att = opened.attempt
+        res = Resumption(plan, att.deadline, att.total_s, att.read_s)
+        result = await relay_resumable(
+            send, self.state, res, attempts, codec,
+            body=body, protocol=protocol, rec=rec, trace=trace, relayed=relayed,
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         rec.usage = result.usage
@@ -257,13 +259,6 @@ class Endpoint:
             return codec.final if codec.final is not None else {}
         assert result.error is not None
         rec.outcome = result.error.code
-        if isinstance(result.error, UpstreamTimeout):
-            self.state.metrics.record_timeout(pool, result.error.stage)
-            if result.error.stage == "total":
-                return None  # the deadline expired: not the replica's fault
-        if isinstance(result.error, UnreadableResponse):
-            return None  # deterministic (an oversized event): not the replica's health
-        pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
         return None
 
     async def _send_error(

@@ -132,7 +132,8 @@ def _plan(
     if faults.chunks is not None:
         after = faults.tool_call_after_chunks
         if after is None:
-            items = [("c", c) for c in faults.chunks] or [("c", "")]
+            chunks = _scripted_rest(faults.chunks, prefix or "")
+            items = [("c", c) for c in chunks] or [("c", "")]
             return Plan(idx, items, "stop", True)
         name = tool or "tool"
         items = [("c", c) for c in faults.chunks[:after]]
@@ -156,6 +157,23 @@ def _plan(
     if not pieces:
         pieces = [""]
     return Plan(idx, [("c", t) for t in pieces], finish, False)
+
+
+def _scripted_rest(chunks: list[str], prefix: str) -> list[str]:
+    """The scripted ``chunks`` left after the assistant text ``prefix`` (a continued message
+    resumes the script where the text stops; a prefix that is not the script's start leaves it
+    whole)."""
+    text = "".join(chunks)
+    if not prefix or not text.startswith(prefix):
+        return list(chunks)
+    out: list[str] = []
+    pos = 0
+    for c in chunks:
+        end = pos + len(c)
+        if end > len(prefix):
+            out.append(c[max(0, len(prefix) - pos):])
+        pos = end
+    return out
 
 
 def _continue(

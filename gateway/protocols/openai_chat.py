@@ -29,11 +29,13 @@ from gateway.protocols.base import (
     HEAD_MALFORMED,
     SKIP,
     Protocol,
+    ResumePoint,
     Rewrite,
     StreamCodec,
     json_object,
 )
 from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
+from gateway.protocols.openai_resume import OpenAISplice, continuation_body, resume_point
 from gateway.relay.body import ParsedBody, parse_body, upstream_body
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.telemetry.tokencount import completion_text, response_text
@@ -147,6 +149,9 @@ class OpenAIStream(StreamCodec):
     def error_event(self, err: GatewayError) -> bytes:
         return OPENAI_ERRORS.event(err, 0)
 
+    def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
+        return OpenAISplice(self, point, carried)
+
 
 class ChatProtocol(Protocol):
     """``POST /v1/chat/completions``."""
@@ -200,6 +205,16 @@ class ChatProtocol(Protocol):
 
     def json_output_text(self, doc: dict[str, Any]) -> str:
         return response_text(doc)
+
+    def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
+        return resume_point(body, relayed, chat=self.name == "chat")
+
+    def continuation_body(
+        self, body: ParsedBody, served_model: str, point: ResumePoint,
+        priority: int | None = None,
+    ) -> bytes:
+        return continuation_body(body, served_model, point, chat=self.name == "chat",
+                                 priority=priority)
 
 
 class CompletionsProtocol(ChatProtocol):
