@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -143,6 +144,7 @@ class Endpoint:
                         if each.span is not None:
                             each.span.end(rec.outcome or "error", status=rec.status)
             if final is not None:
+                response_doc = final if not body.stream else response_doc
                 await protocol.finish(body, rec.key_id, final)  # e.g. store the response
         except ClientDisconnected:
             rec.status, rec.outcome = 499, "client_disconnected"
@@ -232,13 +234,18 @@ class Endpoint:
         replica = opened.attempt.replica
         headers.append((b"x-speedgate-replica", replica.name.encode()))
         if not body.stream:
-            assert opened.doc is not None
-            rec.usage = protocol.json_usage(opened.doc)
-            headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s, rec.flex)
-            payload = protocol.rewrite_json(opened.doc, body, rewrite)
+            doc, elapsed_s = opened.doc, opened.ttft_s
+            if doc is None:  # a JSON answer assembled from the engine's stream
+                doc, elapsed_s = await self._assemble(plan, attempts, body, rec, trace, relayed,
+                                                      rewrite)
+                pool = attempts[-1].attempt.pool
+                headers[-1] = (b"x-speedgate-replica", attempts[-1].attempt.replica.name.encode())
+            rec.usage = protocol.json_usage(doc)
+            headers += usage_headers(rec.usage, pool.config.prices, elapsed_s, rec.flex)
+            payload = protocol.rewrite_json(doc, body, rewrite)
             rec.response_started, rec.status, rec.outcome = True, 200, "ok"
             await send_json(send, 200, payload, headers)
-            return opened.doc
+            return doc
         headers.append((b"x-speedgate-ttft-s", f"{opened.ttft_s:.4f}".encode()))
         assert opened.head is not None and opened.batches is not None
         codec = protocol.codec(body, rewrite)
@@ -260,6 +267,34 @@ class Endpoint:
         assert result.error is not None
         rec.outcome = result.error.code
         return None
+
+    async def _assemble(
+        self,
+        plan: Plan,
+        attempts: list[OpenedResponse],
+        body: ParsedBody,
+        rec: RequestRecord,
+        trace: RequestTrace,
+        relayed: list[bytes],
+        rewrite: Rewrite,
+    ) -> tuple[dict[str, Any], float]:
+        """The JSON answer of a non-stream request, assembled from the engine's stream (with
+        its stall timeout and mid-stream resume: nothing reached the client yet), and the
+        upstream seconds it took. Raises the stream's failure (e.g. 502, 504)."""
+        opened = attempts[0]
+        codec = self.protocol.assembler(body, rewrite)
+        assert codec is not None
+        att = opened.attempt
+        t0 = time.monotonic() - opened.ttft_s
+        res = Resumption(plan, att.deadline, att.total_s, att.read_s)
+        result = await relay_resumable(
+            _discard, self.state, res, attempts, codec,
+            body=body, protocol=self.protocol, rec=rec, trace=trace, relayed=relayed,
+        )
+        if not result.ok:
+            assert result.error is not None
+            raise result.error
+        return self.protocol.assemble(relayed, result.usage), time.monotonic() - t0
 
     async def _send_error(
         self,
@@ -286,6 +321,10 @@ class Endpoint:
         if rec.queue_wait_s is not None:  # waited in the gateway queue of a saturated pool
             out.append((b"x-speedgate-queue-wait-s", f"{rec.queue_wait_s:.4f}".encode()))
         return out
+
+
+async def _discard(message: Any) -> None:
+    """An ASGI ``send`` that drops what it is given (an assembled answer's stream events)."""
 
 
 def session_id_of(scope: Scope) -> str | None:

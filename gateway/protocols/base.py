@@ -219,6 +219,17 @@ class Protocol:
         """The in-band error event when no codec exists yet (stream started elsewhere)."""
         return self.errors.event(err, 0)
 
+    def assembler(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec | None:
+        """For a JSON answer assembled from an upstream stream (``body.assemble``): the codec
+        its events pass through (nothing reaches the client until ``assemble``). None: this
+        protocol answers JSON from the engine's own JSON body."""
+        return None
+
+    def assemble(self, relayed: list[bytes], usage: Usage | None) -> dict[str, Any]:
+        """The JSON answer the engine would have sent, from the raw payloads of its stream
+        (``relayed``; ``usage``: a resumed stream's summed usage, else None)."""
+        raise NotImplementedError
+
     def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
         """What the client got of a stream that broke (``relayed``: the raw content payloads
         sent, every attempt's), read only after the break, so an unbroken stream pays nothing.

@@ -35,6 +35,7 @@ from gateway.protocols.base import (
     json_object,
 )
 from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
+from gateway.protocols.openai_assemble import AssemblyCodec, assemble
 from gateway.protocols.openai_resume import OpenAISplice, continuation_body, resume_point
 from gateway.relay.body import ParsedBody, parse_body, upstream_body
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
@@ -165,7 +166,7 @@ class ChatProtocol(Protocol):
         return {"openai.api.type": "chat_completions"}
 
     def parse(self, raw: bytes) -> ParsedBody:
-        return parse_body(raw, "chat")
+        return _assembled(parse_body(raw, "chat"))
 
     def service_tier(self, doc: dict[str, Any]) -> object:
         return doc.get("service_tier")
@@ -174,8 +175,9 @@ class ChatProtocol(Protocol):
         self, body: ParsedBody, served_model: str, priority: int | None = None
     ) -> bytes:
         return upstream_body(
-            body, served_model, add_usage=body.stream and not body.client_wants_usage,
-            priority=priority,
+            body, served_model,
+            add_usage=body.upstream_stream and not (body.stream and body.client_wants_usage),
+            priority=priority, stream=body.assemble,
         )
 
     def head_kind(self, ev: SSEEvent) -> tuple[int, GatewayError | None]:
@@ -206,6 +208,16 @@ class ChatProtocol(Protocol):
     def json_output_text(self, doc: dict[str, Any]) -> str:
         return response_text(doc)
 
+    def assembler(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec | None:
+        if not body.assemble:
+            return None
+        return AssemblyCodec(
+            ChunkRewriter(rewrite.served_model, rewrite.client_model, rewrite.service_tier)
+        )
+
+    def assemble(self, relayed: list[bytes], usage: Usage | None) -> dict[str, Any]:
+        return assemble(relayed, usage, chat=self.name == "chat")
+
     def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
         return resume_point(body, relayed, chat=self.name == "chat")
 
@@ -229,4 +241,11 @@ class CompletionsProtocol(ChatProtocol):
         return {}
 
     def parse(self, raw: bytes) -> ParsedBody:
-        return parse_body(raw, "completion")
+        return _assembled(parse_body(raw, "completion"))
+
+
+def _assembled(body: ParsedBody) -> ParsedBody:
+    """A non-stream request is streamed upstream and its JSON answer assembled by the gateway
+    (``gateway.protocols.openai_assemble``): staged timeouts and resume apply to it too."""
+    body.assemble = not body.stream
+    return body

@@ -134,7 +134,7 @@ async def open_with_failover(
                 payload=payloads[(served, prio)],
                 protocol=protocol,
                 request_id=rec.request_id,
-                stream=body.stream,
+                stream=body.upstream_stream,
                 deadline=deadline,
                 total_s=total_s,
                 extra_headers=span.headers(),
