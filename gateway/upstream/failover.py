@@ -135,6 +135,7 @@ async def open_with_failover(
                 protocol=protocol,
                 request_id=rec.request_id,
                 stream=body.upstream_stream,
+                json_ok=body.assemble,
                 deadline=deadline,
                 total_s=total_s,
                 extra_headers=span.headers(),
