@@ -7,8 +7,9 @@ response models, no per-chunk validation. What differs between APIs is asked of 
 usage and errors. Each step calls a small module: ``gate`` (key, entitlements, rate limits),
 ``admission`` (priority band, session budget, the queue of a saturated pool), ``tiers`` and
 ``plan`` (tier and fallback chain), ``failover`` (attempts on replicas and pools, with
-``attempt`` for one try with staged timeouts), ``relay`` (SSE relay), ``accounting`` (usage,
-cost, metrics, trace, logs).
+``attempt`` for one try with staged timeouts), ``relay`` (SSE relay with mid-stream resume:
+``relay.resume``; a non-stream chat or completions answer is assembled from the engine's
+stream the same way), ``accounting`` (usage, cost, metrics, trace, logs).
 """
 
 from __future__ import annotations
