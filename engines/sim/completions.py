@@ -226,6 +226,11 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             texts.append(prompt)
+            found = state.textgen.continued(prompt) if body.get("n") in (None, 1) else None
+            if found is not None:  # a prompt plus the text already produced: continue it
+                prefix, base_key = prompt[found[0]:], found[1]
+            elif faults.chunks:  # a script continues where the prompt's tail leaves it
+                prefix = _script_tail(prompt, faults.chunks)
         elif isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
             ids.append(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
@@ -277,6 +282,17 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
             raise RequestError(400, f"The request needs {need} KV-cache blocks; the engine has "
                                f"{cfg.num_gpu_blocks}.")
     return prompts, plans
+
+
+def _script_tail(prompt: str, chunks: list[str]) -> str | None:
+    """The longest start of the scripted text (whole chunks) that ``prompt`` ends with."""
+    acc = ""
+    best = None
+    for c in chunks:
+        acc += c
+        if prompt.endswith(acc):
+            best = acc
+    return best
 
 
 def continuation_prefix(body: dict[str, Any], messages: list[Any]) -> str | None:

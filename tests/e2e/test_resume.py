@@ -7,13 +7,11 @@ the stream with one in-band error event."""
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import orjson
 import pytest
 
-from tests.e2e.helpers import CHAT, metric, wait_for
+from tests.e2e.helpers import CHAT, metric
 from tests.e2e.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
@@ -170,4 +168,31 @@ def test_resume_disabled_pool(tmp_path) -> None:
         s.stop()
 
 
-_ = (threading, wait_for)
+
+
+def test_legacy_completions_resume_byte_identical(stack: Stack) -> None:
+    """Completions continue from the prompt plus the text produced: stream and JSON."""
+    def text_of(body: dict) -> tuple[str, list[str]]:
+        body = {"model": f"{MODEL}-fast", "prompt": "Once upon a time", **body}
+        if not body.get("stream"):
+            r = httpx.post(stack.base_url + "/v1/completions", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+            c = r.json()["choices"][0]
+            return c["text"], [c["finish_reason"]]
+        text, finishes = "", []
+        with httpx.stream("POST", stack.base_url + "/v1/completions", json=body,
+                          timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    doc = orjson.loads(line[6:])
+                    assert "error" not in doc
+                    for c in doc["choices"]:
+                        text += c["text"]
+                        if c.get("finish_reason"):
+                            finishes.append(c["finish_reason"])
+        return text, finishes
+
+    whole, finish = text_of({})
+    faults = {"sim_faults": {"reset_after_chunks": 12}}
+    assert text_of({"stream": True, **faults}) == (whole, finish)
+    assert text_of(faults) == (whole, finish)
