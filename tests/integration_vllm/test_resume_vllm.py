@@ -130,11 +130,11 @@ def test_standard_replica_killed_mid_stream_is_finished_by_fast(vllm_stack: Vllm
         # replica and finished by the fast one, reads exactly like the uninterrupted answer and
         # the prefix relayed before the kill is never repeated. (Past the sentence the model's
         # next token is noise once ``ignore_eos`` bans its end token, so only the sentence is
-        # compared.)
+        # compared; with ``ignore_eos`` the sentence may also repeat, as it does unbroken.)
         sentence = os.path.commonprefix([reference, CYCLE_TEXT])  # noqa: RUF071
         assert len(at_kill) < len(sentence) - 10, (at_kill, sentence)
         assert text.startswith(sentence), (text, reference)
-        assert text.count(CYCLE_TEXT[:20]) == 1
+        assert not text[len(at_kill):].startswith(at_kill.strip())  # not started over
         # honest usage: both attempts' prompts; the text once per attempt that produced it
         assert usages[0].completion_tokens >= 100
         assert usages[0].prompt_tokens > reference_usage["prompt_tokens"]
