@@ -239,8 +239,12 @@ class Endpoint:
             if doc is None:  # a JSON answer assembled from the engine's stream
                 doc, elapsed_s = await self._assemble(plan, attempts, body, rec, trace, relayed,
                                                       rewrite)
-                pool = attempts[-1].attempt.pool
-                headers[-1] = (b"x-speedgate-replica", attempts[-1].attempt.replica.name.encode())
+                last = attempts[-1].attempt  # resumed: the pool and replica that finished it
+                pool = last.pool
+                rewrite = Rewrite(pool.config.served_model_name, plan.request.model_name,
+                                  pool.tier, flex=rec.flex)
+                headers = self._headers(rec) + limit_headers
+                headers.append((b"x-speedgate-replica", last.replica.name.encode()))
             rec.usage = protocol.json_usage(doc)
             headers += usage_headers(rec.usage, pool.config.prices, elapsed_s, rec.flex)
             payload = protocol.rewrite_json(doc, body, rewrite)

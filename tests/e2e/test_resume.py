@@ -196,3 +196,13 @@ def test_legacy_completions_resume_byte_identical(stack: Stack) -> None:
     faults = {"sim_faults": {"reset_after_chunks": 12}}
     assert text_of({"stream": True, **faults}) == (whole, finish)
     assert text_of(faults) == (whole, finish)
+
+
+def test_json_answer_resumed_across_the_chain_names_the_tier_that_finished(stack: Stack) -> None:
+    body = {**scripted(reset_after_chunks=3), "model": f"{MODEL}-fast"}
+    r = httpx.post(stack.base_url + CHAT, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["choices"][0]["message"]["content"] == FULL
+    assert r.headers["x-speedgate-tier"] == "standard" and doc["service_tier"] == "default"
+    assert r.headers["x-speedgate-replica"].startswith(f"{MODEL}/standard/")
