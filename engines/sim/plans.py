@@ -136,7 +136,10 @@ def _plan(
             items = [("c", c) for c in chunks] or [("c", "")]
             return Plan(idx, items, "stop", True)
         name = tool or "tool"
-        items = [("c", c) for c in faults.chunks[:after]]
+        content = faults.chunks[:after]
+        if prefix:  # the content before the call already produced: the script resumes after it
+            content = [c for c in _scripted_rest(content, prefix) if c]
+        items = [("c", c) for c in content]
         items.append(("h", name))
         items.extend(("a", c) for c in faults.chunks[after:])
         return Plan(idx, items, "tool_calls", True)

@@ -206,3 +206,14 @@ def test_json_answer_resumed_across_the_chain_names_the_tier_that_finished(stack
     assert doc["choices"][0]["message"]["content"] == FULL
     assert r.headers["x-speedgate-tier"] == "standard" and doc["service_tier"] == "default"
     assert r.headers["x-speedgate-replica"].startswith(f"{MODEL}/standard/")
+
+
+def test_content_before_a_tool_call_resumes(stack: Stack) -> None:
+    """A break in the content before a tool call starts is resumed; the call follows once."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    body = {"messages": [{"role": "user", "content": "go"}], "tools": tools,
+            "sim_faults": {"chunks": ["Let ", "me ", "check. ", '{"a": 1}'],
+                           "tool_call_after_chunks": 3, "reset_after_chunks": 3}}
+    out = run(stack, body)
+    assert out["errors"] == [] and out["text"] == "Let me check. "
+    assert out["finishes"] == ["tool_calls"] and out["done"] == 1 and out["roles"] == 1
