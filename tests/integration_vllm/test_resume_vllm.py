@@ -151,3 +151,16 @@ def test_standard_replica_killed_mid_stream_is_finished_by_fast(vllm_stack: Vllm
                 served_model_name=MODEL,
             )
             vllm_stack.replicas["standard"].wait_healthy(timeout_s=240)
+            _wait_usable(vllm_stack.base_url, "standard")
+
+
+def _wait_usable(base_url: str, tier: str, timeout_s: float = 60) -> None:
+    """Until the package's gateway routes to ``tier`` again (its health probe saw the
+    restarted replica)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready = httpx.get(base_url + "/readyz", timeout=5).json()
+        if ready["models"][MODEL][tier]["usable"] >= 1:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the {tier} replica is not usable again")
