@@ -14,6 +14,7 @@ error event of the protocol's kind.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from gateway.errors import UpstreamTimeout
@@ -25,6 +26,8 @@ from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.continuation import Resumption, open_continuation
+
+log = logging.getLogger("speedgate.resume")
 
 # breaks that say nothing about another replica's chances: not continued
 NOT_RESUMABLE = frozenset({"total-timeout", "unreadable"})
@@ -73,6 +76,8 @@ async def relay_resumable(
         if rule is not None or point is None:
             entry.update(outcome="refused", rule=rule)
             state.metrics.record_resume(att.pool, reason, "refused")
+            log.info("request %s: stream broke (%s) on %s, not resumed: %s",
+                     rec.request_id, reason, att.replica.name, rule)
             break
         entry["carried_chars"] = len(point.text) + len(point.reasoning)
         res.failed.append(att.replica)
@@ -80,6 +85,9 @@ async def relay_resumable(
         if nxt is None:
             entry["outcome"] = "failed"
             state.metrics.record_resume(att.pool, reason, "failed")
+            log.warning("request %s: stream broke (%s) on %s and no replica could continue "
+                        "it (retries %s)", rec.request_id, reason, att.replica.name,
+                        ",".join(rec.retries) or "none")
             break
         opened.close()
         carried.append(max(0, point.tokens - before))
