@@ -7,14 +7,16 @@ response models, no per-chunk validation. What differs between APIs is asked of 
 usage and errors. Each step calls a small module: ``gate`` (key, entitlements, rate limits),
 ``admission`` (priority band, session budget, the queue of a saturated pool), ``tiers`` and
 ``plan`` (tier and fallback chain), ``failover`` (attempts on replicas and pools, with
-``attempt`` for one try with staged timeouts), ``relay`` (SSE relay), ``accounting`` (usage,
-cost, metrics, trace, logs).
+``attempt`` for one try with staged timeouts), ``relay`` (SSE relay with mid-stream resume:
+``relay.resume``; a non-stream chat or completions answer is assembled from the engine's
+stream the same way), ``accounting`` (usage, cost, metrics, trace, logs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -27,19 +29,22 @@ from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, rea
 from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.config import Prices
-from gateway.errors import GatewayError, UnreadableResponse, UpstreamTimeout
+from gateway.errors import GatewayError
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
 from gateway.protocols.base import Protocol, Rewrite, StreamCodec
 from gateway.relay.body import ParsedBody
-from gateway.relay.stream import SSE_HEADERS, relay_events
+from gateway.relay.resume import relay_resumable
+from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
 from gateway.telemetry.accounting import account
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import OpenedResponse
+from gateway.upstream.continuation import Resumption
 from gateway.upstream.deadline import client_timeouts
 from gateway.upstream.failover import open_with_failover
 
@@ -127,17 +132,20 @@ class Endpoint:
                     state, plan, body, protocol, rec, trace, timeouts
                 )
                 run.replica = opened.attempt.replica.url
+                attempts = [opened]  # and the continuations of a resumed stream
                 try:
-                    # 4. relay
+                    # 4. relay (a stream that breaks mid-way is resumed on another replica)
                     response_doc = opened.doc
                     final = await self._respond(
-                        send, plan, opened, body, rec, relayed, limit_headers, codecs
+                        send, plan, attempts, body, rec, trace, relayed, limit_headers, codecs
                     )
                 finally:
-                    opened.close()
-                    if opened.span is not None:
-                        opened.span.end(rec.outcome or "error", status=rec.status)
+                    for each in attempts:
+                        each.close()
+                        if each.span is not None:
+                            each.span.end(rec.outcome or "error", status=rec.status)
             if final is not None:
+                response_doc = final if not body.stream else response_doc
                 await protocol.finish(body, rec.key_id, final)  # e.g. store the response
         except ClientDisconnected:
             rec.status, rec.outcome = 499, "client_disconnected"
@@ -207,17 +215,19 @@ class Endpoint:
         self,
         send: Any,
         plan: Plan,
-        opened: OpenedResponse,
+        attempts: list[OpenedResponse],
         body: ParsedBody,
         rec: RequestRecord,
+        trace: RequestTrace,
         relayed: list[bytes],
         limit_headers: list[tuple[bytes, bytes]],
         codecs: list[StreamCodec],
     ) -> dict[str, Any] | None:
-        """Answer the client from ``opened``; the final response object sent (JSON body, or
-        the stream's last one where the protocol has it; ``{}`` for a stream without one), or
-        None when the stream failed."""
+        """Answer the client from ``attempts[0]`` (a stream's continuations are appended);
+        the final response object sent (JSON body, or the stream's last one where the
+        protocol has it; ``{}`` for a stream without one), or None when the stream failed."""
         protocol = self.protocol
+        opened = attempts[0]
         pool = opened.attempt.pool
         rewrite = Rewrite(pool.config.served_model_name, plan.request.model_name, pool.tier,
                           flex=rec.flex)
@@ -225,13 +235,22 @@ class Endpoint:
         replica = opened.attempt.replica
         headers.append((b"x-speedgate-replica", replica.name.encode()))
         if not body.stream:
-            assert opened.doc is not None
-            rec.usage = protocol.json_usage(opened.doc)
-            headers += usage_headers(rec.usage, pool.config.prices, opened.ttft_s, rec.flex)
-            payload = protocol.rewrite_json(opened.doc, body, rewrite)
+            doc, elapsed_s = opened.doc, opened.ttft_s
+            if doc is None:  # a JSON answer assembled from the engine's stream
+                doc, elapsed_s = await self._assemble(plan, attempts, body, rec, trace, relayed,
+                                                      rewrite)
+                last = attempts[-1].attempt  # resumed: the pool and replica that finished it
+                pool = last.pool
+                rewrite = Rewrite(pool.config.served_model_name, plan.request.model_name,
+                                  pool.tier, flex=rec.flex)
+                headers = self._headers(rec) + limit_headers
+                headers.append((b"x-speedgate-replica", last.replica.name.encode()))
+            rec.usage = protocol.json_usage(doc)
+            headers += usage_headers(rec.usage, pool.config.prices, elapsed_s, rec.flex)
+            payload = protocol.rewrite_json(doc, body, rewrite)
             rec.response_started, rec.status, rec.outcome = True, 200, "ok"
             await send_json(send, 200, payload, headers)
-            return opened.doc
+            return doc
         headers.append((b"x-speedgate-ttft-s", f"{opened.ttft_s:.4f}".encode()))
         assert opened.head is not None and opened.batches is not None
         codec = protocol.codec(body, rewrite)
@@ -239,16 +258,11 @@ class Endpoint:
         rec.response_started, rec.status = True, 200
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
         rec.itl = GapTimer()
-        result = await relay_events(
-            send,
-            opened.head,
-            opened.batches,
-            codec,
-            stall_s=opened.attempt.stall_s,
-            total_s=opened.attempt.total_s,
-            deadline=opened.attempt.deadline,
-            itl=rec.itl,
-            relayed=relayed,
+        att = opened.attempt
+        res = Resumption(plan, att.deadline, att.total_s, att.read_s)
+        result = await relay_resumable(
+            send, self.state, res, attempts, codec,
+            body=body, protocol=protocol, rec=rec, trace=trace, relayed=relayed,
         )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         rec.usage = result.usage
@@ -257,14 +271,35 @@ class Endpoint:
             return codec.final if codec.final is not None else {}
         assert result.error is not None
         rec.outcome = result.error.code
-        if isinstance(result.error, UpstreamTimeout):
-            self.state.metrics.record_timeout(pool, result.error.stage)
-            if result.error.stage == "total":
-                return None  # the deadline expired: not the replica's fault
-        if isinstance(result.error, UnreadableResponse):
-            return None  # deterministic (an oversized event): not the replica's health
-        pool.record_failure(opened.attempt.replica, asyncio.get_running_loop().time())
         return None
+
+    async def _assemble(
+        self,
+        plan: Plan,
+        attempts: list[OpenedResponse],
+        body: ParsedBody,
+        rec: RequestRecord,
+        trace: RequestTrace,
+        relayed: list[bytes],
+        rewrite: Rewrite,
+    ) -> tuple[dict[str, Any], float]:
+        """The JSON answer of a non-stream request, assembled from the engine's stream (with
+        its stall timeout and mid-stream resume: nothing reached the client yet), and the
+        upstream seconds it took. Raises the stream's failure (e.g. 502, 504)."""
+        opened = attempts[0]
+        codec = self.protocol.assembler(body, rewrite)
+        assert codec is not None
+        att = opened.attempt
+        t0 = time.monotonic() - opened.ttft_s
+        res = Resumption(plan, att.deadline, att.total_s, att.read_s)
+        result = await relay_resumable(
+            _discard, self.state, res, attempts, codec,
+            body=body, protocol=self.protocol, rec=rec, trace=trace, relayed=relayed,
+        )
+        if not result.ok:
+            assert result.error is not None
+            raise result.error
+        return self.protocol.assemble(relayed, result.usage), time.monotonic() - t0
 
     async def _send_error(
         self,
@@ -291,6 +326,10 @@ class Endpoint:
         if rec.queue_wait_s is not None:  # waited in the gateway queue of a saturated pool
             out.append((b"x-speedgate-queue-wait-s", f"{rec.queue_wait_s:.4f}".encode()))
         return out
+
+
+async def _discard(message: Any) -> None:
+    """An ASGI ``send`` that drops what it is given (an assembled answer's stream events)."""
 
 
 def session_id_of(scope: Scope) -> str | None:

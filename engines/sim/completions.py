@@ -30,7 +30,7 @@ from engines.sim.plans import Plan, make_plans
 from engines.sim.request import RequestContext, RequestError
 from engines.sim.sse import ConnectionReset
 from engines.sim.state import STATE, SimState
-from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat
+from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat, rendered_key
 
 THREAD_THRESHOLD_CHARS = 200_000  # tokenise larger prompts in a worker thread
 
@@ -206,18 +206,31 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
         )
     texts: list[str] = []
     ids: list[list[int]] = []
+    prefix: str | None = None  # continue_final_message: the assistant text to continue
+    base_key: int | None = None
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "'messages' must be a non-empty list", "messages")
         try:
-            texts.append(render_chat(messages))
+            prefix = continuation_prefix(body, messages)
+            if prefix is None:
+                texts.append(render_chat(messages))
+            else:  # the prompt ends inside the assistant's turn, right after its text
+                base = render_chat(messages[:-1])
+                texts.append(base + prefix)
+                base_key = rendered_key(base)
         except ValueError as e:
             raise RequestError(400, str(e), "messages") from e
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             texts.append(prompt)
+            found = state.textgen.continued(prompt) if body.get("n") in (None, 1) else None
+            if found is not None:  # a prompt plus the text already produced: continue it
+                prefix, base_key = prompt[found[0]:], found[1]
+            elif faults.chunks:  # a script continues where the prompt's tail leaves it
+                prefix = _script_tail(prompt, faults.chunks)
         elif isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
             ids.append(prompt)
         elif isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
@@ -235,6 +248,8 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
         else:
             prompts.append(analyse(t, bs))
     prompts.extend(analyse_ids(i, bs) for i in ids)
+    if base_key is not None:  # the words an uninterrupted turn would have had
+        prompts[0].key = base_key
     requested = body.get("max_completion_tokens") if chat else None
     if requested is None:
         requested = body.get("max_tokens")
@@ -259,13 +274,49 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
             )
         # vLLM 0.32 caps the output at the room left instead of rejecting the request
         limits.append(room if requested is None else min(requested, room))
-    plans = make_plans(body, prompts, n, limits, cfg.output_tokens, faults, state.textgen, chat)
+    plans = make_plans(body, prompts, n, limits, cfg.output_tokens, faults, state.textgen, chat,
+                       prefix=prefix)
     for pl in plans:
         need = -(-(prompts[pl.index // n].num_tokens + pl.tokens) // bs)
         if need > cfg.num_gpu_blocks:
             raise RequestError(400, f"The request needs {need} KV-cache blocks; the engine has "
                                f"{cfg.num_gpu_blocks}.")
     return prompts, plans
+
+
+def _script_tail(prompt: str, chunks: list[str]) -> str | None:
+    """The longest start of the scripted text (whole chunks) that ``prompt`` ends with."""
+    acc = ""
+    best = None
+    for c in chunks:
+        acc += c
+        if prompt.endswith(acc):
+            best = acc
+    return best
+
+
+def continuation_prefix(body: dict[str, Any], messages: list[Any]) -> str | None:
+    """The final assistant message's text when the request asks vLLM to continue it
+    (``continue_final_message: true``), else None. Like vLLM (``ChatCompletionRequest``'s
+    validator), ``add_generation_prompt`` (default true) must then be false; and the final
+    message must be the assistant's. Raises ``ValueError`` (answered as 400)."""
+    if not body.get("continue_final_message"):
+        return None
+    if body.get("add_generation_prompt", True):
+        raise ValueError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        raise ValueError(
+            "continue_final_message is set but the final message is not an assistant message."
+        )
+    content = last.get("content")
+    if content is None:
+        return ""
+    if not isinstance(content, str):
+        raise ValueError("continue_final_message needs the final message's content as text.")
+    return content
 
 
 async def _engine_outputs(state: SimState, job: Job, n_plans: int

@@ -8,6 +8,7 @@ tool-call arguments piece.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,11 +98,13 @@ def make_plans(
     faults: Faults,
     gen: TextGen,
     chat: bool,
+    prefix: str | None = None,
 ) -> list[Plan]:
     """Plans for ``len(prompts) x n`` choices; choice index = ``prompt_index * n + i``.
 
     ``max_tokens[p]`` is prompt ``p``'s output limit; ``natural_tokens`` the length at which the
-    model "emits EOS" (finish "stop") unless ``ignore_eos`` is set.
+    model "emits EOS" (finish "stop") unless ``ignore_eos`` is set. ``prefix``: the assistant
+    text already produced (``continue_final_message``); the plan continues it (``_continue``).
     """
     stops = body.get("stop")
     if isinstance(stops, str):
@@ -115,7 +118,7 @@ def make_plans(
         for i in range(n):
             idx = p * n + i
             plan = _plan(idx, body, prompt, i, max_tokens[p], natural_tokens, faults, gen, tool,
-                         stop_list, ignore_eos)
+                         stop_list, ignore_eos, prefix)
             plan.limit = max_tokens[p]
             plans.append(plan)
     return plans
@@ -124,14 +127,19 @@ def make_plans(
 def _plan(
     idx: int, body: dict[str, Any], prompt: Prompt, i: int, limit: int, natural: int,
     faults: Faults, gen: TextGen, tool: str | None, stops: list[str], ignore_eos: bool,
+    prefix: str | None = None,
 ) -> Plan:
     if faults.chunks is not None:
         after = faults.tool_call_after_chunks
         if after is None:
-            items = [("c", c) for c in faults.chunks] or [("c", "")]
+            chunks = _scripted_rest(faults.chunks, prefix or "")
+            items = [("c", c) for c in chunks] or [("c", "")]
             return Plan(idx, items, "stop", True)
         name = tool or "tool"
-        items = [("c", c) for c in faults.chunks[:after]]
+        content = faults.chunks[:after]
+        if prefix:  # the content before the call already produced: the script resumes after it
+            content = [c for c in _scripted_rest(content, prefix) if c]
+        items = [("c", c) for c in content]
         items.append(("h", name))
         items.extend(("a", c) for c in faults.chunks[after:])
         return Plan(idx, items, "tool_calls", True)
@@ -140,11 +148,66 @@ def _plan(
         pieces = split_text(args, faults.tool_args_chunks or DEFAULT_TOOL_ARGS_CHUNKS)
         return Plan(idx, [("h", tool), *(("a", a) for a in pieces)], "tool_calls", True)
     natural = faults.output_tokens or natural
-    count = limit if ignore_eos else min(limit, natural)
+    if prefix is not None:
+        pieces, natural = _continue(gen, prompt.key, i, prefix, limit, natural, ignore_eos)
+    count = limit if ignore_eos else max(0, min(limit, natural))
     finish = "length" if count >= limit and (ignore_eos or limit < natural) else "stop"
-    pieces, stopped = apply_stop(gen.pieces(prompt.key, i, count), stops)
+    if prefix is None:
+        pieces = gen.pieces(prompt.key, i, count)
+    pieces, stopped = apply_stop(pieces[:count], stops)
     if stopped:
         finish = "stop"
     if not pieces:
         pieces = [""]
     return Plan(idx, [("c", t) for t in pieces], finish, False)
+
+
+def _scripted_rest(chunks: list[str], prefix: str) -> list[str]:
+    """The scripted ``chunks`` left after the assistant text ``prefix`` (a continued message
+    resumes the script where the text stops; a prefix that is not the script's start leaves it
+    whole)."""
+    text = "".join(chunks)
+    if not prefix or not text.startswith(prefix):
+        return list(chunks)
+    out: list[str] = []
+    pos = 0
+    for c in chunks:
+        end = pos + len(c)
+        if end > len(prefix):
+            out.append(c[max(0, len(prefix) - pos):])
+        pos = end
+    return out
+
+
+def _continue(
+    gen: TextGen, key: int, i: int, prefix: str, limit: int, natural: int, ignore_eos: bool
+) -> tuple[list[str], int]:
+    """``(pieces after prefix, natural length left)`` for a continued assistant message.
+
+    When ``prefix`` is the start of the words this prompt (``key``) draws, the continuation is
+    those words from that offset on, so a turn cut and continued reads exactly like an
+    uninterrupted one (a prefix ending inside a word continues with the rest of the word, one
+    token); the natural length shrinks by the tokens already produced. Another prefix (a
+    client's own prefill) continues with the words of the full prompt, a fresh turn."""
+    probe = len(prefix) + 2  # a token is at least one character
+    words = gen.pieces(key, i, probe)
+    produced, k = 0, 0
+    while k < len(words) and produced + len(words[k]) <= len(prefix):
+        if not prefix.startswith(words[k], produced):
+            break
+        produced += len(words[k])
+        k += 1
+    if produced == len(prefix):
+        left = natural - k
+        return gen.pieces(key, i, k + max(0, limit if ignore_eos else min(limit, left)))[k:], left
+    rest = prefix[produced:]
+    if k < len(words) and words[k].startswith(rest):  # cut inside a word (one token)
+        left = natural - k
+        more = max(0, limit if ignore_eos else min(limit, left))
+        out = gen.pieces(key, i, k + more)[k:]
+        if out:
+            out[0] = out[0][len(rest):]
+        return out, left
+    fresh = zlib.crc32(prefix.encode(), key)
+    more = limit if ignore_eos else min(limit, natural)
+    return gen.pieces(fresh, i, more), natural

@@ -34,7 +34,9 @@ VOCAB: tuple[str, ...] = (
     "and", "or", "of", "to", "in", "on", "with", "for", "from", "by", "this", "that", "every",
 )  # fmt: skip
 
+_VOCAB_SET = frozenset(VOCAB)
 STREAM_LEN = 8192  # words in the precomputed stream (power of two)
+CONTINUE_WINDOW = 16384  # characters searched for a completion's generated tail
 
 
 @dataclass(slots=True)
@@ -65,10 +67,15 @@ def block_hashes(tokens: list[Any], block_size: int) -> list[int]:
     return out
 
 
+def rendered_key(text: str) -> int:
+    """The text key of a rendered prompt (CRC32 of its UTF-8 bytes), which seeds the words."""
+    return zlib.crc32(text.encode())
+
+
 def analyse(text: str, block_size: int) -> Prompt:
     """Tokenise ``text`` and hash its blocks (call via ``asyncio.to_thread`` when large)."""
     tokens = tokenize(text)
-    return Prompt(len(tokens), block_hashes(tokens, block_size), zlib.crc32(text.encode()))
+    return Prompt(len(tokens), block_hashes(tokens, block_size), rendered_key(text))
 
 
 def analyse_ids(ids: list[int], block_size: int) -> Prompt:
@@ -144,6 +151,56 @@ class TextGen:
         if out and out[0].startswith(" "):
             out[0] = out[0][1:]
         return out
+
+    def continued(self, text: str, min_pieces: int = 2) -> tuple[int, int] | None:
+        """``(split, key)`` when ``text`` ends with words this source generated for the prompt
+        ``text[:split]`` (whose key is ``key``): a legacy completion's prompt plus the text
+        already produced, so the continuation draws the words that follow. At least
+        ``min_pieces`` generated tokens must match (fewer could match a prompt by chance).
+        The generated tail is searched only in the last ``CONTINUE_WINDOW`` characters."""
+        end = len(text)
+        low = max(0, end - CONTINUE_WINDOW)
+        starts: list[int] = []  # where a generated piece may start, latest first
+        i = end
+        while i > low:
+            j = i
+            if text[j - 1] in ".,":
+                j -= 1
+            else:
+                while j > low and (text[j - 1].isalnum() or text[j - 1] == "_"):
+                    j -= 1
+                if j == i:
+                    break
+                if text[j:i] not in _VOCAB_SET:  # not generated: at most its tail is, bare
+                    starts.extend(k for k in range(i - 1, j, -1) if text[k:i] in _VOCAB_SET)
+                    break
+                starts.extend(k for k in range(i - 1, j, -1) if text[k:i] in _VOCAB_SET)
+                if j > low and text[j - 1] == " ":
+                    j -= 1
+            starts.append(j)
+            i = j
+        if not starts:
+            return None
+        first = min(starts)
+        crc = zlib.crc32(text[:first].encode())
+        pos = first
+        for split in sorted(set(starts)):
+            crc = zlib.crc32(text[pos:split].encode(), crc)
+            pos = split
+            tail = text[split:]
+            head = self.pieces(crc, 0, 1)
+            if not head or not tail.startswith(head[0]):
+                continue
+            got = self.pieces(crc, 0, len(tail) + 1)
+            acc, n = 0, 0
+            for piece in got:
+                if acc == len(tail) or not tail.startswith(piece, acc):
+                    break
+                acc += len(piece)
+                n += 1
+            if acc == len(tail) and n >= min_pieces:
+                return split, crc
+        return None
 
     def word(self, key: int, index: int) -> str:
         """One vocabulary word (for tool-argument string values)."""

@@ -70,6 +70,20 @@ class RetryConfig(_Strict):
     )
 
 
+class ResumeConfig(_Strict):
+    """Mid-stream resume (README, "Guarantees"): a stream that breaks after content reached
+    the client continues on another replica (same pool first, then along the fallback chain)
+    from the text already relayed, spliced into the same client stream. ``enabled`` false: a
+    break of this pool's stream ends with one in-band error event, and this pool never
+    continues another pool's stream either."""
+
+    enabled: bool = True
+    max_resumes: int = Field(
+        2, ge=0, description="continuations per request; a stream broken more often ends "
+        "with one in-band error event"
+    )
+
+
 class OutlierConfig(_Strict):
     """Passive outlier ejection (Envoy's ``outlier_detection``): see
     ``gateway.upstream.outlier``."""
@@ -152,6 +166,7 @@ class PoolConfig(_Strict):
     served_model_name: str = Field(min_length=1)
     timeouts: Timeouts = Timeouts()
     retry: RetryConfig = RetryConfig()
+    resume: ResumeConfig = ResumeConfig()
     outlier: OutlierConfig = OutlierConfig()
     prices: Prices = Prices()
     max_inflight_per_replica: int = Field(

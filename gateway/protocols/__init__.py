@@ -16,6 +16,11 @@ Public surface:
 - ``errors``: the OpenAI and Anthropic error shapes (``OPENAI_ERRORS``, ``ANTHROPIC_ERRORS``);
 - ``openai_chat``: ``ChatProtocol`` (``/v1/chat/completions``), ``CompletionsProtocol``
   (``/v1/completions``) and their stream codec ``OpenAIStream`` with ``ChunkRewriter``;
+- ``openai_resume``: what a broken OpenAI stream gave the client (``resume_point``), the
+  request continuing it (``continuation_body``) and ``OpenAISplice``, the codec splicing the
+  continuation into the client's stream; ``base.ResumePoint``;
+- ``openai_assemble``: ``AssemblyCodec`` and ``assemble``, a non-stream answer built from the
+  engine's stream;
 - ``responses``: ``ResponsesProtocol`` (``/v1/responses``): typed ``event:`` stream, usage in
   ``response.usage``, gateway-owned ``previous_response_id`` state (``response_store``:
   ``MemoryResponseStore``, ``RedisResponseStore``) and the in-flight table for ``cancel``;

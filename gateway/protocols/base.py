@@ -88,6 +88,24 @@ def json_object(data: bytes) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+@dataclass(slots=True)
+class ResumePoint:
+    """What a broken stream already gave the client, rebuilt from the relayed payloads only
+    when it broke (``Protocol.resume_point``): the assistant ``text`` and ``reasoning`` so far,
+    ``tokens`` (output tokens relayed: the engine's count is unknown, the gateway's estimate),
+    the stream's ``id`` and ``created`` as the client saw them, and ``blocker``: why it cannot
+    be continued (None: it can) — ``protocol`` (the API has no continuation), ``n>1``,
+    ``tool-call`` (a tool call had started: its arguments cannot be continued), ``finished``
+    (a finish reason was relayed), ``echo``, ``prompt`` (not a single text prompt)."""
+
+    text: str = ""
+    reasoning: str = ""
+    tokens: int = 0
+    id: str | None = None
+    created: int | None = None
+    blocker: str | None = None
+
+
 class StreamCodec:
     """Per-stream state of one protocol: rewrites each engine event for the client and keeps
     the usage (``usage``), the failure (``error``) and, where the protocol has one, the final
@@ -106,6 +124,13 @@ class StreamCodec:
 
     def error_event(self, err: GatewayError) -> bytes:
         """The in-band error event of this protocol for ``err`` (after the first byte)."""
+        raise NotImplementedError
+
+    def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
+        """A codec for a continuation's events that splices them into this stream (the
+        client keeps this stream's ids, sees no second opening event and one usage report:
+        ``carried`` holds the estimated output tokens of each broken attempt, oldest first,
+        summed into it). Only for protocols whose ``resume_point`` can return no blocker."""
         raise NotImplementedError
 
 
@@ -193,3 +218,28 @@ class Protocol:
     def error_event(self, err: GatewayError) -> bytes:
         """The in-band error event when no codec exists yet (stream started elsewhere)."""
         return self.errors.event(err, 0)
+
+    def assembler(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec | None:
+        """For a JSON answer assembled from an upstream stream (``body.assemble``): the codec
+        its events pass through (nothing reaches the client until ``assemble``). None: this
+        protocol answers JSON from the engine's own JSON body."""
+        return None
+
+    def assemble(self, relayed: list[bytes], usage: Usage | None) -> dict[str, Any]:
+        """The JSON answer the engine would have sent, from the raw payloads of its stream
+        (``relayed``; ``usage``: a resumed stream's summed usage, else None)."""
+        raise NotImplementedError
+
+    def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
+        """What the client got of a stream that broke (``relayed``: the raw content payloads
+        sent, every attempt's), read only after the break, so an unbroken stream pays nothing.
+        By default a stream of this API cannot be continued (blocker ``protocol``)."""
+        return ResumePoint(blocker="protocol")
+
+    def continuation_body(
+        self, body: ParsedBody, served_model: str, point: ResumePoint,
+        priority: int | None = None,
+    ) -> bytes:
+        """The upstream body that asks an engine to continue ``point``'s output (a stream,
+        with usage); only called for a point without a blocker."""
+        raise NotImplementedError

@@ -29,11 +29,14 @@ from gateway.protocols.base import (
     HEAD_MALFORMED,
     SKIP,
     Protocol,
+    ResumePoint,
     Rewrite,
     StreamCodec,
     json_object,
 )
 from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
+from gateway.protocols.openai_assemble import AssemblyCodec, assemble
+from gateway.protocols.openai_resume import OpenAISplice, continuation_body, resume_point
 from gateway.relay.body import ParsedBody, parse_body, upstream_body
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.telemetry.tokencount import completion_text, response_text
@@ -147,6 +150,9 @@ class OpenAIStream(StreamCodec):
     def error_event(self, err: GatewayError) -> bytes:
         return OPENAI_ERRORS.event(err, 0)
 
+    def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
+        return OpenAISplice(self, point, carried)
+
 
 class ChatProtocol(Protocol):
     """``POST /v1/chat/completions``."""
@@ -160,7 +166,7 @@ class ChatProtocol(Protocol):
         return {"openai.api.type": "chat_completions"}
 
     def parse(self, raw: bytes) -> ParsedBody:
-        return parse_body(raw, "chat")
+        return _assembled(parse_body(raw, "chat"))
 
     def service_tier(self, doc: dict[str, Any]) -> object:
         return doc.get("service_tier")
@@ -169,8 +175,9 @@ class ChatProtocol(Protocol):
         self, body: ParsedBody, served_model: str, priority: int | None = None
     ) -> bytes:
         return upstream_body(
-            body, served_model, add_usage=body.stream and not body.client_wants_usage,
-            priority=priority,
+            body, served_model,
+            add_usage=body.upstream_stream and not (body.stream and body.client_wants_usage),
+            priority=priority, stream=body.assemble,
         )
 
     def head_kind(self, ev: SSEEvent) -> tuple[int, GatewayError | None]:
@@ -201,6 +208,26 @@ class ChatProtocol(Protocol):
     def json_output_text(self, doc: dict[str, Any]) -> str:
         return response_text(doc)
 
+    def assembler(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec | None:
+        if not body.assemble:
+            return None
+        return AssemblyCodec(
+            ChunkRewriter(rewrite.served_model, rewrite.client_model, rewrite.service_tier)
+        )
+
+    def assemble(self, relayed: list[bytes], usage: Usage | None) -> dict[str, Any]:
+        return assemble(relayed, usage, chat=self.name == "chat")
+
+    def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
+        return resume_point(body, relayed, chat=self.name == "chat")
+
+    def continuation_body(
+        self, body: ParsedBody, served_model: str, point: ResumePoint,
+        priority: int | None = None,
+    ) -> bytes:
+        return continuation_body(body, served_model, point, chat=self.name == "chat",
+                                 priority=priority)
+
 
 class CompletionsProtocol(ChatProtocol):
     """``POST /v1/completions`` (legacy text completions)."""
@@ -214,4 +241,11 @@ class CompletionsProtocol(ChatProtocol):
         return {}
 
     def parse(self, raw: bytes) -> ParsedBody:
-        return parse_body(raw, "completion")
+        return _assembled(parse_body(raw, "completion"))
+
+
+def _assembled(body: ParsedBody) -> ParsedBody:
+    """A non-stream request is streamed upstream and its JSON answer assembled by the gateway
+    (``gateway.protocols.openai_assemble``): staged timeouts and resume apply to it too."""
+    body.assemble = not body.stream
+    return body

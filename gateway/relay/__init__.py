@@ -6,5 +6,7 @@
 - ``sse``: ``SSEParser`` (whole events from a byte stream) and ``encode_event``;
 - ``stream``: ``relay_events`` (event by event, unbuffered, each event rewritten and classified
   by the protocol's ``StreamCodec``, see ``gateway.protocols``), ``StreamResult`` and
-  ``SSE_HEADERS``.
+  ``SSE_HEADERS``;
+- ``resume``: ``relay_resumable``, the relay with mid-stream resume (a stream broken after
+  content reached the client continues on another replica, spliced into the same stream).
 """

@@ -21,6 +21,7 @@ from gateway.errors import InvalidRequest
 # A JSON string token can only start after '{', ',', '[', ':' or whitespace; inside a string an
 # unescaped quote cannot occur. So a match is a real "model" key somewhere in the document.
 _MODEL_KEY = re.compile(rb'(?<=[{,\s])"model"\s*:\s*')
+_STREAM_KEY = re.compile(rb'(?<=[{,\s])"stream"\s*:\s*')
 
 
 @dataclass(slots=True)
@@ -38,6 +39,13 @@ class ParsedBody:
     view: dict[str, Any] | None = None
     session_hint: str | None = None
     ext: Any = None
+    assemble: bool = False  # a JSON answer assembled from an upstream stream (staged timeouts)
+
+    @property
+    def upstream_stream(self) -> bool:
+        """True when the engine is asked to stream: the client's stream, or a JSON answer the
+        gateway assembles (``assemble``) so that TTFT, stall and resume apply to it too."""
+        return self.stream or self.assemble
 
     @property
     def conversation(self) -> dict[str, Any]:
@@ -101,26 +109,33 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
 
 
 def upstream_body(
-    body: ParsedBody, served_model: str, *, add_usage: bool, priority: int | None = None
+    body: ParsedBody, served_model: str, *, add_usage: bool, priority: int | None = None,
+    stream: bool = False,
 ) -> bytes:
     """The bytes to send upstream: ``model`` set to ``served_model``; with ``add_usage`` (the
     gateway asks for usage the client did not), ``stream_options.include_usage`` set to true
     and a ``continuous_usage_stats`` of the client's set to false; with ``priority`` (engines
     running vLLM's priority scheduling), vLLM's ``priority`` field set to it (the gateway owns
     it there: a client's own value would let it jump the band order). Everything else as
-    received."""
+    received. ``stream``: the engine is asked to stream (``"stream": true`` set) although the
+    client did not (a JSON answer the gateway assembles)."""
     raw = body.raw
     model = body.doc["model"]
     if priority is not None and "priority" in body.doc:
-        return _reserialise(body, served_model, add_usage, priority)
+        return _reserialise(body, served_model, add_usage, priority, stream)
+    if stream and body.doc.get("stream") is not True:
+        spliced = _splice_stream(raw, "stream" in body.doc)
+        if spliced is None:
+            return _reserialise(body, served_model, add_usage, priority, stream)
+        raw = spliced
     if model != served_model:
         spliced = _splice_model(raw, model, served_model)
         if spliced is None:
-            return _reserialise(body, served_model, add_usage, priority)
+            return _reserialise(body, served_model, add_usage, priority, stream)
         raw = spliced
     if add_usage:
         if "stream_options" in body.doc:
-            return _reserialise(body, served_model, add_usage, priority)
+            return _reserialise(body, served_model, add_usage, priority, stream)
         start = raw.index(b"{") + 1
         raw = raw[:start] + b'"stream_options":{"include_usage":true},' + raw[start:]
     if priority is not None:
@@ -146,11 +161,31 @@ def _splice_model(raw: bytes, old: str, new: str) -> bytes | None:
     return raw[:value_start] + orjson.dumps(new) + raw[value_start + len(old_token) :]
 
 
+def _splice_stream(raw: bytes, present: bool) -> bytes | None:
+    """``raw`` with ``"stream": true``: inserted first when the key is absent, the one
+    ``stream`` key's value replaced when it is ``false`` or ``null``; None when not provably
+    exact (several ``stream`` keys at any depth)."""
+    if not present:
+        start = raw.index(b"{") + 1
+        return raw[:start] + b'"stream":true,' + raw[start:]
+    matches = list(_STREAM_KEY.finditer(raw))
+    if len(matches) != 1:
+        return None
+    at = matches[0].end()
+    for old in (b"false", b"null"):
+        if raw[at : at + len(old)] == old:
+            return raw[:at] + b"true" + raw[at + len(old) :]
+    return None
+
+
 def _reserialise(
-    body: ParsedBody, served_model: str, add_usage: bool, priority: int | None = None
+    body: ParsedBody, served_model: str, add_usage: bool, priority: int | None = None,
+    stream: bool = False,
 ) -> bytes:
     doc = dict(body.doc)
     doc["model"] = served_model
+    if stream:
+        doc["stream"] = True
     if priority is not None:
         doc["priority"] = int(priority)
     if add_usage:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UnreadableResponse, UpstreamError, UpstreamTimeout
-from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, StreamCodec
+from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, StreamCodec, json_object
 from gateway.relay.sse import SSEEvent
 from gateway.telemetry.histograms import GapTimer
 from gateway.upstream.client import UpstreamBrokenError, UpstreamUnreadable
@@ -39,6 +39,8 @@ class StreamResult:
     usage: Usage | None = None
     error: GatewayError | None = None
     events: int = 0
+    reason: str | None = None  # how it broke: broken-stream, eof, stall-timeout, ...
+    error_event: bytes = b""  # the in-band error event for ``error`` (sent unless resumed)
 
 
 async def relay_events(
@@ -52,6 +54,7 @@ async def relay_events(
     deadline: float,
     itl: GapTimer | None = None,
     relayed: list[bytes] | None = None,
+    end_on_error: bool = True,
 ) -> StreamResult:
     """Send the ``head`` events (read before the attempt was committed) and every following
     batch of events to the client as soon as it is complete: one write per upstream read.
@@ -62,7 +65,10 @@ async def relay_events(
     upstream, a stall or the deadline, sends one in-band error event and returns (the caller
     closes the upstream connection so the engine aborts). ``itl`` gets a tick per content event
     sent (inter-token latency); ``relayed`` collects the content payloads sent (references, no
-    copies) so usage can be counted if the engine never reports it.
+    copies) so usage can be counted if the engine never reports it, and a broken stream's
+    output rebuilt for a resume. ``end_on_error`` false: a failure's error event is left in
+    ``result.error_event`` for the caller (who may continue the stream instead), with
+    ``result.reason`` saying how the stream broke.
     """
     result = StreamResult()
     loop = asyncio.get_running_loop()
@@ -90,7 +96,10 @@ async def relay_events(
                 return True
             elif verdict == ERROR:
                 result.error = codec.error
-                out.append(data)
+                result.reason = "engine-error" if json_object(ev.data) else "malformed"
+                result.error_event = data
+                if end_on_error:
+                    out.append(data)
                 return True
             out.append(data)
         return False
@@ -117,18 +126,24 @@ async def relay_events(
                 when = min(loop.time() + stall_s, deadline)
                 cm.reschedule(when)
         result.error = UpstreamError("upstream stream ended before its last event")
+        result.reason = "eof"
     except UpstreamBrokenError as e:
         result.error = UpstreamError(f"upstream connection broke mid-stream ({e})")
+        result.reason = "broken-stream"
     except UpstreamUnreadable as e:  # deterministic (e.g. an oversized event): not the replica
         result.error = UnreadableResponse(f"engine response cannot be read mid-stream ({e})")
+        result.reason = "unreadable"
     except TimeoutError:
         # which limit was in force, not the clock: timers may fire a little early
         if when >= deadline:
             result.error = UpstreamTimeout("total", total_s)
+            result.reason = "total-timeout"
         else:
             result.error = UpstreamTimeout("stall", stall_s)
-    event = codec.error_event(result.error)
-    await send({"type": "http.response.body", "body": event, "more_body": True})
+            result.reason = "stall-timeout"
+    result.error_event = codec.error_event(result.error)
+    if end_on_error:
+        await send({"type": "http.response.body", "body": result.error_event, "more_body": True})
     return _finish(result, codec)
 
 

@@ -49,7 +49,7 @@ def log_request(rec: RequestRecord) -> None:
     access_log.info(
         "request_id=%s key_id=%s session_id=%s path=%s model=%s tier_asked=%s tier=%s "
         "fallback=%s replica=%s stream=%s "
-        "attempts=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
+        "attempts=%d resumes=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
         "completion_tokens=%s cost_usd=%s ttft_s=%s e2e_s=%.4f",
         quote_value(rec.request_id),
         quote_value(rec.key_id),
@@ -62,6 +62,7 @@ def log_request(rec: RequestRecord) -> None:
         quote_value(rec.replica),
         rec.stream,
         rec.attempts,
+        len(rec.resumes),
         rec.status,
         quote_value(rec.outcome),
         u.prompt if u else None,
@@ -96,6 +97,7 @@ def access_fields(rec: RequestRecord) -> dict[str, Any]:
         "stream": rec.stream,
         "attempts": rec.attempts,
         "retries": rec.retries,
+        "resumes": rec.resumes,
         "status": rec.status,
         "outcome": rec.outcome,
         "prompt_tokens": u.prompt if u else None,

@@ -210,6 +210,14 @@ class GatewayMetrics:
             ["model", "from_tier", "to_tier"],
             registry=r,
         )
+        self.resumes = Counter(
+            "speedgate_resumes",
+            "Streams broken after content reached the client, by how they broke (reason) and "
+            "what followed (resumed, refused: a documented rule forbids it, failed: no replica "
+            "could continue it)",
+            ["pool", "reason", "outcome"],
+            registry=r,
+        )
         self.timeouts = Counter(
             "speedgate_timeouts",
             "Upstream timeouts by stage (connect, ttft, stall, total)",
@@ -293,6 +301,11 @@ class GatewayMetrics:
     def record_fallback(self, model: str, from_tier: str, to_tier: str) -> None:
         """The request moves from ``from_tier``'s pool to ``to_tier``'s."""
         self.fallbacks.labels(model, from_tier, to_tier).inc()
+
+    def record_resume(self, pool: Pool, reason: str, outcome: str) -> None:
+        """A stream of ``pool`` broke mid-way (``reason``: broken-stream, eof, stall-timeout,
+        malformed, engine-error); ``outcome``: resumed | refused | failed."""
+        self.resumes.labels(pool.key, reason, outcome).inc()
 
     def record_timeout(self, pool: Pool, stage: str) -> None:
         """An upstream timeout on ``pool`` at ``stage`` (connect, ttft, stall, total)."""

@@ -48,6 +48,10 @@ class RequestRecord:
     band: str | None = None
     flex: bool = False
     queue_wait_s: float | None = None  # None: the request did not wait in the gateway queue
+    # Mid-stream resume (issue 15): one entry per break after content reached the client
+    # (``reason``, ``outcome``, ``rule`` when refused, ``from_tier``, ``to_tier``,
+    # ``carried_chars``: the length of the text carried into the continuation)
+    resumes: list[dict[str, Any]] = field(default_factory=list)
 
     def set_usage(self, usage: Any) -> None:
         """Record an OpenAI ``usage`` object (ignored when absent or malformed)."""

@@ -219,6 +219,13 @@ class RequestTrace:
             attrs.update({k: v for k, v in optional.items() if v is not None})
             if rec.retries:
                 attrs["speedgate.retries"] = list(rec.retries)
+            if rec.resumes:  # each mid-stream resume: how it broke, what followed
+                attrs["speedgate.resumes"] = [
+                    f"{r['reason']}:{r.get('outcome')}:{r.get('to_tier') or r.get('rule')}"
+                    for r in rec.resumes
+                ]
+                attrs["speedgate.resume.carried_chars"] = sum(
+                    r.get("carried_chars", 0) for r in rec.resumes)
             if rec.usage_estimated:
                 attrs["speedgate.usage_estimated"] = True
             if rec.usage is not None:

@@ -5,6 +5,8 @@
   TTFT, stall), until the first content event;
 - ``failover``: ``open_with_failover``, retries within a pool and fallbacks along the plan's
   chain, never after output reached the client;
+- ``continuation``: ``open_continuation`` and ``Resumption``, the attempt that continues a
+  stream broken mid-way (same pool, then the fallback chain; never a replica that failed);
 - ``retry``: backoff with full jitter and ``RetryBudget``; ``outlier``: passive ejection;
   ``deadline``: the request's total deadline from the client's headers;
 - ``health``: ``HealthChecker``, active ``/health`` probes; ``discovery``: ``DnsDiscovery``,

@@ -76,6 +76,7 @@ class Attempt:
     extra_headers: dict[str, str] | None = None  # e.g. W3C traceparent of the attempt span
     read_s: float | None = None  # the client's read timeout (x-stainless-read-timeout), s
     read_deadline: float | None = None  # loop time the client stops waiting for a first byte
+    json_ok: bool = False  # a JSON answer to be assembled: an engine's JSON body serves too
 
     @property
     def stall_s(self) -> float:
@@ -157,7 +158,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                 if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
                     raise RetryableFailure(f"http-{resp.status}", err)
                 raise err
-            if attempt.stream:
+            if attempt.stream and not (attempt.json_ok and _is_json(resp)):
                 batches = resp.event_batches()
                 head = await _read_until_content(batches, attempt.protocol)
                 return OpenedResponse(
@@ -243,6 +244,13 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
             when = when.replace(tzinfo=UTC)
         return max(0.0, when.timestamp() - (time.time() if now is None else now))
     return seconds if seconds >= 0 and math.isfinite(seconds) else None
+
+
+def _is_json(resp: UpstreamResponse) -> bool:
+    """True when the engine answered a streamed request with a JSON body (it ignored
+    ``stream``, as some OpenAI-compatible servers and proxies do)."""
+    kind = resp.headers.get("content-type") or ""
+    return kind.startswith("application/json")
 
 
 def _json_object(raw: bytes) -> dict:

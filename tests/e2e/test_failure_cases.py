@@ -79,8 +79,29 @@ def test_sse_no_buffering(http: httpx.Client, encoding: str | None):
 
 
 def test_upstream_reset_midstream(http: httpx.Client, stack: Stack):
+    """A reset after content reached the client: resumed on another replica, one stream."""
     faults = {"chunks": ["a", "b", "c", "d", "e"], "reset_after_chunks": 3}
     body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults}
+    before = metric(stack, "speedgate_resumes_total", reason="broken-stream", outcome="resumed")
+    events = [data for _, data, _ in stream_events(http, body)]
+    assert events[-1] == b"[DONE]"
+    docs = [orjson.loads(d) for d in events[:-1]]
+    contents = [c["choices"][0]["delta"].get("content") for c in docs]
+    assert contents == ["", "a", "b", "c", "d", "e"]  # one role chunk, nothing repeated
+    assert [c["choices"][0]["finish_reason"] for c in docs].count("stop") == 1
+    assert len({c["id"] for c in docs}) == 1
+    assert wait_for(lambda: metric(stack, "speedgate_resumes_total", reason="broken-stream",
+                                   outcome="resumed") == before + 1)
+
+
+def test_upstream_reset_mid_tool_call_is_an_in_band_error(http: httpx.Client, stack: Stack):
+    """A break inside a tool call's arguments cannot be resumed: one in-band error event, no
+    ``[DONE]``, no invented finish reason."""
+    faults = {"chunks": ["a", "{", '"x"', ": 1}"], "tool_call_after_chunks": 1,
+              "reset_after_chunks": 3}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults,
+            "tools": tools}
     before = metric(stack, "speedgate_requests_total", outcome="upstream_error")
     events = [data for _, data, _ in stream_events(http, body)]
     assert b"[DONE]" not in events
@@ -89,17 +110,22 @@ def test_upstream_reset_midstream(http: httpx.Client, stack: Stack):
     assert set(last) == {"error"}
     assert set(last["error"]) == {"message", "type", "param", "code"}
     assert last["error"]["code"] == "upstream_error"
-    contents = [c["choices"][0]["delta"].get("content") for c in chunks]
-    assert contents == ["", "a", "b", "c"]  # role chunk, then the 3 content chunks
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks)  # none invented
     assert wait_for(
         lambda: metric(stack, "speedgate_requests_total", outcome="upstream_error") == before + 1
     )
+    assert metric(stack, "speedgate_resumes_total", reason="broken-stream", outcome="refused")
 
 
 def test_upstream_reset_midstream_non_streaming(http: httpx.Client):
+    """The JSON answer is assembled from the engine's stream: a reset is resumed too."""
     faults = {"chunks": ["a", "b", "c", "d"], "reset_after_chunks": 3}
     r = http.post(CHAT, json={"model": MODEL, "messages": _msgs(), "sim_faults": faults})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "abcd"
+    # a break that cannot be resumed (n > 1) is a 502 in the API's shape
+    r = http.post(CHAT, json={"model": MODEL, "messages": _msgs(), "n": 2,
+                              "sim_faults": {"reset_after_chunks": 3}})
     assert r.status_code == 502
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
@@ -234,7 +260,9 @@ def test_body_shapes_forwarded_unchanged(http: httpx.Client, stack: Stack, shape
     assert r.status_code == 200, r.text
     assert r.json()["object"] == "chat.completion"
     received = stack.sim_requests()[-1]["body"]
-    assert received == body | {"model": MODEL}  # only the owned field changed
+    # only the owned fields changed (a JSON answer is streamed upstream and assembled)
+    assert received == body | {"model": MODEL, "stream": True,
+                               "stream_options": {"include_usage": True}}
 
 
 def test_body_shapes_engine_4xx_passes_through_without_retry(http: httpx.Client, stack: Stack):
@@ -339,14 +367,13 @@ def test_disconnect_aborts_streaming_after_first_token(stack: Stack):
     assert stack.sim_stats()["completed"] == 0
 
 
-def test_malformed_chunk_mid_stream_becomes_an_in_band_error(http: httpx.Client):
-    faults = {"chunks": ["a", "b", "c", "d"], "malformed_after_chunks": 2}
+def test_malformed_chunk_mid_stream_is_resumed(http: httpx.Client):
+    faults = {"chunks": ["a", "b", "c"], "malformed_after_chunks": 2}
     body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults}
     events = [data for _, data, _ in stream_events(http, body)]
-    assert b"[DONE]" not in events
-    docs = [orjson.loads(e) for e in events]  # every event the client sees is valid JSON
-    assert docs[-1]["error"]["code"] == "upstream_error"
-    assert [d["choices"][0]["delta"].get("content") for d in docs[:-1]] == ["", "a", "b"]
+    assert events[-1] == b"[DONE]"
+    docs = [orjson.loads(e) for e in events[:-1]]  # every event the client sees is valid JSON
+    assert [d["choices"][0]["delta"].get("content") for d in docs] == ["", "a", "b", "c"]
 
 
 def test_health_head_and_model_retrieve(oai: openai.OpenAI, stack: Stack):

@@ -152,7 +152,9 @@ def test_chat_non_stream(stack: Stack, client: OpenAI) -> None:
     assert hget(seen["headers"], "x-request-id") == rid
     assert seen["body"]["model"] == "mymodel"
     assert seen["body"]["messages"] == MESSAGES
-    assert "stream_options" not in seen["body"]  # non-stream: nothing added
+    # non-stream: streamed upstream with usage, the JSON assembled by the gateway
+    assert seen["body"]["stream"] is True
+    assert seen["body"]["stream_options"] == {"include_usage": True}
 
 
 def test_client_request_id_is_propagated(stack: Stack, client: OpenAI) -> None:
@@ -531,12 +533,10 @@ def test_model_rewritten_and_unknown_fields_pass_through(
     else:
         assert resp.service_tier == "priority"
     body = only_engine_request(stack, "fast")["body"]
-    expected = {  # what the client sent (it always sends "stream"), model rewritten
-        "model": "mymodel", "messages": MESSAGES, "max_tokens": 4, "stream": stream,
-        "top_k": 5, "ignore_eos": False,
+    expected = {  # what the client sent, model rewritten; a JSON answer is streamed upstream
+        "model": "mymodel", "messages": MESSAGES, "max_tokens": 4, "stream": True,
+        "top_k": 5, "ignore_eos": False, "stream_options": {"include_usage": True},
     }
-    if stream:
-        expected["stream_options"] = {"include_usage": True}
     assert body == expected
 
 
@@ -611,7 +611,8 @@ def test_usage_cached_tokens(stack: Stack, client: OpenAI, stream: bool) -> None
     got = engine_requests(stack)
     assert got["fast"] == [] and len(got["standard"]) == 4
     for r in got["standard"]:
-        assert r["body"].get("stream_options") == kwargs.get("stream_options")
+        # the engine is always asked to stream with usage (a JSON answer is assembled)
+        assert r["body"].get("stream_options") == {"include_usage": True}
 
 
 def test_usage_chunk_raw_sse(stack: Stack) -> None:

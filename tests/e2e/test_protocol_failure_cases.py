@@ -120,6 +120,9 @@ def test_upstream_reset_midstream(http: httpx.Client, stack: Stack, proto: Proto
     assert len(stack.sim_requests()) == 1  # never retried after the first byte
     assert wait_for(lambda: metric(stack, "speedgate_requests_total",
                                    outcome="upstream_error") == before + 1)
+    # the documented rule: Responses and Messages streams are not resumed (the engine's own
+    # endpoints cannot continue a partial assistant turn)
+    assert metric(stack, "speedgate_resumes_total", reason="broken-stream", outcome="refused")
 
 
 @pytest.mark.parametrize("proto", PROTOS, ids=IDS)

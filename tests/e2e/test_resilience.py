@@ -119,17 +119,19 @@ def test_stall_vs_total_slow_but_steady_completes(http: httpx.Client):
     assert _content(docs) == "".join(chunks)
 
 
-def test_stall_vs_total_stall_is_an_in_band_error(http: httpx.Client, stack: Stack):
+def test_stall_vs_total_stall_is_resumed(http: httpx.Client, stack: Stack):
+    """A stall after content reached the client: caught by ``stall_s`` (not ``total_s``) and
+    the stream resumed on another replica; the stalled one is aborted."""
     faults = {"chunks": ["a", "b", "c", "d"], "stall_after_chunks": 3, "stall_s": 40}
     body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults}
     times, docs = [], []
     for t, data, _ in stream_events(http, body):
         times.append(t)
-        docs.append(orjson.loads(data))
-    assert _content(docs[:-1]) == "abc"
-    assert docs[-1]["error"]["code"] == "upstream_timeout"
-    assert "stall" in docs[-1]["error"]["message"]
-    assert 0.9 <= times[-1] - times[-2] < 2.0  # ~1 s stall limit after the last chunk
+        if data != b"[DONE]":
+            docs.append(orjson.loads(data))
+    assert _content(docs) == "abcd"
+    assert all("error" not in d for d in docs)
+    assert times[-2] - times[-4] >= 0.9  # the ~1 s stall limit passed between "c" and "d"
     assert wait_for(lambda: stack.sim_stats()["aborted"] == 1, timeout_s=2)
 
 

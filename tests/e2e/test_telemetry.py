@@ -110,14 +110,17 @@ def test_estimated_usage_on_a_broken_stream(stack: Stack):
     before = metric(stack, "speedgate_usage_estimated_total", tier="standard")
     before_out = metric(stack, "gen_ai_client_token_usage_sum", tier="standard",
                         gen_ai_token_type="output")
+    # broken inside a tool call (which cannot be resumed): the engine never reports usage
     chunks = ["alpha ", "beta ", "gamma ", "delta "]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}],
-            "sim_faults": {"chunks": chunks, "reset_after_chunks": 3}}
+            "tools": tools, "sim_faults": {"chunks": chunks, "reset_after_chunks": 3,
+                                           "tool_call_after_chunks": 2}}
     with httpx.Client(base_url=stack.base_url, timeout=30) as c:
         docs = [orjson.loads(d) for _, d, _ in stream_events(c, body)]
     assert "error" in docs[-1]
     assert metric(stack, "speedgate_usage_estimated_total", tier="standard") == before + 1
-    relayed = count_text("alpha beta gamma ")
+    relayed = count_text("alpha beta lookup")  # content, then the tool call's name
     out = metric(stack, "gen_ai_client_token_usage_sum", tier="standard",
                  gen_ai_token_type="output")
     assert out - before_out == relayed

@@ -120,3 +120,14 @@ def test_plain_values_stay_bare():
     assert quote_value("model/fast/0") == "model/fast/0" and quote_value(None) == "None"
     assert quote_value("fast:http-503,standard:ok") == "fast:http-503,standard:ok"
     assert quote_value("") == '""' and quote_value("a b") == '"a b"'
+
+
+def test_resumes_in_the_json_line_and_the_text_line(caplog):
+    rec = _rec()
+    rec.resumes = [{"reason": "broken-stream", "from_tier": "fast", "carried_chars": 120,
+                    "outcome": "resumed", "to_tier": "standard"}]
+    doc = json.loads(format_json(rec))
+    assert doc["resumes"] == rec.resumes  # the tier that finished is ``tier``
+    with caplog.at_level(logging.INFO, logger="speedgate.access"):
+        log_request(rec)
+    assert "resumes=1" in caplog.text

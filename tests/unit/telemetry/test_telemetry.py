@@ -271,3 +271,21 @@ def test_no_endpoint_no_export_and_no_span_cost():
     # a malformed traceparent is forwarded as is but names no trace
     bad = tel.start_request([(b"traceparent", b"garbage")])
     assert bad.trace_id is None
+
+
+def test_request_span_records_each_resume():
+    exporter = InMemorySpanExporter()
+    tel = Telemetry(TelemetryConfig(), span_exporter=exporter)
+    rt = tel.start_request([], "chat")
+    rec = _finished_rec()
+    rec.resumes = [
+        {"reason": "stall-timeout", "from_tier": "standard", "carried_chars": 30,
+         "outcome": "resumed", "to_tier": "standard"},
+        {"reason": "broken-stream", "from_tier": "standard", "carried_chars": 70,
+         "outcome": "resumed", "to_tier": "fast"},
+    ]
+    rt.finish(rec)
+    (req,) = exporter.get_finished_spans()
+    assert req.attributes["speedgate.resumes"] == (
+        "stall-timeout:resumed:standard", "broken-stream:resumed:fast")
+    assert req.attributes["speedgate.resume.carried_chars"] == 100

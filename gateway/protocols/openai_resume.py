@@ -1,0 +1,224 @@
+"""Mid-stream resume for OpenAI chat and legacy completions streams: what the client already
+got (``resume_point``), the continuation request (``continuation_body``) and the codec that
+splices the continuation's chunks into the client's stream (``OpenAISplice``).
+
+Nothing here runs while a stream flows: the relay keeps references to the raw payloads it sent
+and these functions read them once, after a break. The continuation asks vLLM to continue the
+partial assistant message (chat: the conversation plus an assistant message holding the text,
+``continue_final_message: true``, ``add_generation_prompt: false``, vLLM's chat-template
+options; completions: the prompt plus the text), with ``max_tokens`` /
+``max_completion_tokens`` reduced by the output tokens already produced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.common.usage import Usage
+from gateway.errors import GatewayError, UpstreamError
+from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec
+from gateway.relay.body import ParsedBody
+from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
+from gateway.telemetry.tokencount import count_text
+
+# what a chat delta may carry besides ``role``: a chunk with none of it (and no finish reason,
+# logprobs or usage) is the continuation's opening role chunk, which the client already had
+_DELTA_OUTPUT = ("content", "reasoning", "reasoning_content", "tool_calls", "refusal")
+
+
+def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> ResumePoint:
+    """The text relayed on choice 0 of an OpenAI stream (chat: ``delta.content`` and
+    ``delta.reasoning``/``reasoning_content``; completions: ``text``), the stream's id and
+    created time, and the blocker when it cannot be continued (``ResumePoint``)."""
+    doc = body.doc
+    point = ResumePoint()
+    if (doc.get("n") or 1) != 1 or (not chat and (doc.get("best_of") or 1) != 1):
+        point.blocker = "n>1"
+    elif not chat and doc.get("echo"):
+        point.blocker = "echo"
+    elif not chat and not isinstance(doc.get("prompt"), str):
+        point.blocker = "prompt"
+    text: list[str] = []
+    reasoning: list[str] = []
+    for data in relayed:
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(chunk, dict):
+            continue
+        if point.id is None and isinstance(chunk.get("id"), str):
+            point.id, point.created = chunk["id"], chunk.get("created")
+        for c in chunk.get("choices") or ():
+            if not isinstance(c, dict):
+                continue
+            if c.get("index", 0) != 0:
+                point.blocker = point.blocker or "n>1"
+            if c.get("finish_reason") is not None:
+                point.blocker = point.blocker or "finished"
+            if not chat:
+                if isinstance(c.get("text"), str):
+                    text.append(c["text"])
+                continue
+            delta = c.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            if delta.get("tool_calls"):
+                point.blocker = point.blocker or "tool-call"
+            if isinstance(delta.get("content"), str):
+                text.append(delta["content"])
+            for key in ("reasoning", "reasoning_content"):
+                if isinstance(delta.get(key), str):
+                    reasoning.append(delta[key])
+    point.text, point.reasoning = "".join(text), "".join(reasoning)
+    point.tokens = count_text(point.text) + count_text(point.reasoning)
+    return point
+
+
+def continuation_body(
+    body: ParsedBody, served_model: str, point: ResumePoint, *, chat: bool,
+    priority: int | None = None,
+) -> bytes:
+    """The request continuing ``point``: the client's body with ``model`` the engine's,
+    ``stream`` and ``stream_options.include_usage`` on (its usage is summed into the client's),
+    the output limits reduced by ``point.tokens`` (at least 1), and the partial output appended
+    (chat: to a final assistant message, the client's own prefill extended when it sent one;
+    completions: to the prompt). ``priority``: vLLM's field, as for the first attempt."""
+    doc: dict[str, Any] = dict(body.doc)
+    doc["model"] = served_model
+    doc["stream"] = True
+    opts = dict(doc.get("stream_options") or {})
+    opts["include_usage"] = True
+    opts.pop("continuous_usage_stats", None)
+    doc["stream_options"] = opts
+    for key in ("max_tokens", "max_completion_tokens"):
+        if isinstance(doc.get(key), int):
+            doc[key] = max(1, doc[key] - point.tokens)
+    if priority is not None:
+        doc["priority"] = int(priority)
+    if not chat:
+        doc["prompt"] = doc["prompt"] + point.text
+        return orjson.dumps(doc)
+    messages = list(doc["messages"])
+    last = messages[-1]
+    if doc.get("continue_final_message") and last.get("role") == "assistant":
+        merged = dict(last)  # the client's own prefill, continued further
+        merged["content"] = (last.get("content") or "") + point.text
+        messages[-1] = merged
+    else:
+        prefix: dict[str, Any] = {"role": "assistant", "content": point.text}
+        if point.reasoning:  # vLLM's chat templates read an assistant turn's ``reasoning``
+            prefix["reasoning"] = point.reasoning
+        messages.append(prefix)
+    doc["messages"] = messages
+    doc["continue_final_message"] = True
+    doc["add_generation_prompt"] = False
+    return orjson.dumps(doc)
+
+
+def summed_usage(last: Usage, carried: list[int]) -> Usage:
+    """Usage of a resumed request, the sum of its attempts: ``last`` is the finishing
+    attempt's (engine-reported); each broken attempt ``j`` produced ``carried[j]`` output
+    tokens (estimated) on a prompt of ``last.prompt`` minus the tokens carried from it and every
+    later broken attempt (the continuation's prompt holds them). Cached tokens: the finishing
+    attempt's only (the broken attempts never reported theirs)."""
+    prompt, completion = last.prompt, last.completion
+    after = 0
+    for tokens in reversed(carried):
+        after += tokens
+        prompt += max(0, last.prompt - after)
+        completion += tokens
+    return Usage(prompt, completion, last.cached)
+
+
+class OpenAISplice(StreamCodec):
+    """Codec of a continuation stream spliced into ``base``'s: each chunk gets the client
+    stream's ``id`` and ``created`` (then ``base``'s model and ``service_tier`` rewrite), the
+    continuation's role chunk is dropped, and its usage is the sum of the attempts (on the
+    chunk that carries it when the client asked for usage; dropped otherwise). Continuations
+    are rare: this codec parses and re-serialises each chunk."""
+
+    __slots__ = ("base", "carried", "ident")
+
+    def __init__(self, base: Any, point: ResumePoint, carried: list[int]) -> None:
+        super().__init__()
+        self.base = base  # the stream's OpenAIStream (its rewriter and strip_usage)
+        self.carried = list(carried)
+        self.ident = (point.id, point.created)
+
+    def event(self, ev: SSEEvent) -> tuple[int, bytes]:
+        data = ev.data
+        assert data is not None
+        if ev.is_done:
+            return DONE, DONE_EVENT
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict):
+            self.error = UpstreamError("engine sent a malformed event mid-stream")
+            return ERROR, self.error_event(self.error)
+        choices = doc.get("choices")
+        if "error" in doc and not choices:
+            inner = doc.get("error")
+            msg = inner.get("message") if isinstance(inner, dict) else inner
+            self.error = UpstreamError(f"engine error: {msg}")
+            return ERROR, self.error_event(self.error)
+        if isinstance(choices, list) and choices:
+            if _opening_only(choices):
+                return SKIP, b""
+            for c in choices:  # the client had its role already
+                delta = c.get("delta")
+                if isinstance(delta, dict):
+                    delta.pop("role", None)
+        usage = Usage.from_openai(doc.get("usage"))
+        if usage is not None:
+            total = summed_usage(usage, self.carried)
+            self.usage = total
+            if self.base.strip_usage:
+                if not choices:
+                    return SKIP, b""
+                del doc["usage"]
+            else:
+                doc["usage"] = _usage_object(doc["usage"], total)
+        ident, created = self.ident
+        if ident is not None:
+            doc["id"] = ident
+        if created is not None:
+            doc["created"] = created
+        return CONTENT, encode_event(self.base.rewriter.chunk(orjson.dumps(doc), doc))
+
+    def error_event(self, err: GatewayError) -> bytes:
+        return self.base.error_event(err)
+
+    def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
+        return OpenAISplice(self.base, point, carried)
+
+
+def _opening_only(choices: list[Any]) -> bool:
+    """True for the continuation's role chunk: ``delta`` with ``role`` and nothing else."""
+    for c in choices:
+        if not isinstance(c, dict):
+            return False
+        delta = c.get("delta")
+        if not isinstance(delta, dict) or "role" not in delta:
+            return False
+        if c.get("finish_reason") is not None or c.get("logprobs"):
+            return False
+        if any(delta.get(k) for k in _DELTA_OUTPUT):
+            return False
+    return True
+
+
+def _usage_object(engine: dict[str, Any], total: Usage) -> dict[str, Any]:
+    """The engine's usage object with the summed counts (its other keys kept)."""
+    out = dict(engine)
+    out["prompt_tokens"] = total.prompt
+    out["completion_tokens"] = total.completion
+    out["total_tokens"] = total.prompt + total.completion
+    details = out.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        out["prompt_tokens_details"] = {**details, "cached_tokens": total.cached}
+    return out

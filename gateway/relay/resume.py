@@ -1,0 +1,132 @@
+"""Relay with mid-stream resume: a stream that breaks after content reached the client continues
+on another replica, spliced into the same client stream (README "Guarantees").
+
+An unbroken stream costs what ``relay_events`` costs: nothing is parsed or accumulated on the
+way; ``relayed`` (references to the raw payloads sent) is read only after a break, by the
+protocol (``Protocol.resume_point``). What can be continued is decided then, by rule: the
+break must be one of the replica's (a reset, EOF without the last event, a stall, a malformed
+or error event; not the request's deadline, not an unreadable event), the pool must allow it
+(``resume.enabled``, ``resume.max_resumes``) and the protocol must say how (no ``n > 1``, no
+tool call under way, no finish relayed). Otherwise the stream ends as before, with one in-band
+error event of the protocol's kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gateway.errors import UpstreamTimeout
+from gateway.protocols.base import Protocol, StreamCodec
+from gateway.relay.body import ParsedBody
+from gateway.relay.stream import StreamResult, relay_events
+from gateway.state import GatewayState
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import RequestTrace
+from gateway.upstream.attempt import OpenedResponse
+from gateway.upstream.continuation import Resumption, open_continuation
+
+log = logging.getLogger("speedgate.resume")
+
+# breaks that say nothing about another replica's chances: not continued
+NOT_RESUMABLE = frozenset({"total-timeout", "unreadable"})
+
+
+async def relay_resumable(
+    send: Any,
+    state: GatewayState,
+    res: Resumption,
+    attempts: list[OpenedResponse],
+    codec: StreamCodec,
+    *,
+    body: ParsedBody,
+    protocol: Protocol,
+    rec: RequestRecord,
+    trace: RequestTrace,
+    relayed: list[bytes],
+) -> StreamResult:
+    """Relay ``attempts[-1]`` (the opened first attempt) to the client through ``codec``, and
+    after each break the continuation that takes over (appended to ``attempts``; the caller
+    closes them all, each is closed here once it broke). Returns the last attempt's result; on
+    failure its in-band error event has been sent. Records each break in ``rec.resumes`` and
+    ``speedgate_resumes_total``, and the broken replica's failure for outlier ejection."""
+    current = codec
+    carried: list[int] = []  # output tokens (estimated) of each broken attempt
+    before = 0
+    while True:
+        opened = attempts[-1]
+        att = opened.attempt
+        result = await relay_events(
+            send, opened.head or [], opened.batches or _nothing(), current,
+            stall_s=att.stall_s, total_s=att.total_s, deadline=att.deadline,
+            itl=rec.itl, relayed=relayed, end_on_error=False,
+        )
+        if result.ok or result.error is None:
+            return result
+        _note_break(state, opened, result)
+        reason = result.reason or "broken-stream"
+        entry: dict[str, Any] = {"reason": reason, "from_tier": att.pool.tier}
+        rec.resumes.append(entry)
+        rule = _refusal(att.pool.config.resume, reason, len(carried))
+        point = None
+        if rule is None:
+            point = protocol.resume_point(body, relayed)
+            rule = point.blocker
+        if rule is not None or point is None:
+            entry.update(outcome="refused", rule=rule)
+            state.metrics.record_resume(att.pool, reason, "refused")
+            log.info("request %s: stream broke (%s) on %s, not resumed: %s",
+                     rec.request_id, reason, att.replica.name, rule)
+            break
+        entry["carried_chars"] = len(point.text) + len(point.reasoning)
+        res.failed.append(att.replica)
+        nxt = await open_continuation(state, res, att.pool, body, protocol, point, rec, trace)
+        if nxt is None:
+            entry["outcome"] = "failed"
+            state.metrics.record_resume(att.pool, reason, "failed")
+            log.warning("request %s: stream broke (%s) on %s and no replica could continue "
+                        "it (retries %s)", rec.request_id, reason, att.replica.name,
+                        ",".join(rec.retries) or "none")
+            break
+        opened.close()
+        carried.append(max(0, point.tokens - before))
+        before = point.tokens
+        entry.update(outcome="resumed", to_tier=nxt.attempt.pool.tier)
+        state.metrics.record_resume(att.pool, reason, "resumed")
+        attempts.append(nxt)
+        current = codec.continuation(point, carried)
+    await send({"type": "http.response.body", "body": result.error_event, "more_body": True})
+    return result
+
+
+def _refusal(cfg: Any, reason: str, resumes: int) -> str | None:
+    """The rule that forbids continuing a break of ``reason`` after ``resumes`` continuations
+    in a pool with resume config ``cfg``; None when the gateway may try."""
+    if reason in NOT_RESUMABLE:
+        return reason
+    if not cfg.enabled:
+        return "disabled"
+    if resumes >= cfg.max_resumes:
+        return "max-resumes"
+    return None
+
+
+def _note_break(state: GatewayState, opened: OpenedResponse, result: StreamResult) -> None:
+    """The broken attempt's span and metrics, and its replica's failure (outlier ejection)
+    unless the break is not the replica's doing (the request's deadline, an unreadable
+    event)."""
+    pool, replica = opened.attempt.pool, opened.attempt.replica
+    if opened.span is not None:
+        opened.span.end(result.reason or "broken-stream")
+        opened.span = None
+    if isinstance(result.error, UpstreamTimeout):
+        state.metrics.record_timeout(pool, result.error.stage)
+    if result.reason in NOT_RESUMABLE:
+        return
+    pool.record_failure(replica, asyncio.get_running_loop().time())
+
+
+async def _nothing() -> Any:
+    return
+    yield  # an empty async iterator

@@ -1,0 +1,145 @@
+"""Open the continuation of a stream that broke after content reached the client (mid-stream
+resume, README "Guarantees"): the same pool first, then the pools after it in the plan's
+fallback chain; never a replica that already failed this request; within the request's
+deadline and each pool's retry budget; pools with ``resume.enabled: false`` skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from gateway.errors import EngineClientError, UnreadableResponse, UpstreamTimeout
+from gateway.plan.chain import Plan
+from gateway.protocols.base import Protocol, ResumePoint
+from gateway.relay.body import ParsedBody
+from gateway.routing import RouteRequest, pick_replica
+from gateway.routing.pools import Pool, Replica
+from gateway.state import GatewayState
+from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tracing import RequestTrace
+from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
+from gateway.upstream.retry import full_jitter_backoff_s
+
+MAX_ROUNDS = 4  # looks along the chain for a replica to continue on (waits between them)
+MIN_WAIT_S = 0.05  # shortest wait before looking again (seconds)
+
+
+@dataclass(slots=True)
+class Resumption:
+    """What the continuations of one request share: the replicas that failed it (never asked
+    again), and the deadline (loop time) and total timeout (seconds) of its first attempt."""
+
+    plan: Plan
+    deadline: float
+    total_s: float
+    read_s: float | None = None
+    failed: list[Replica] = field(default_factory=list)
+
+
+async def open_continuation(
+    state: GatewayState,
+    res: Resumption,
+    broken: Pool,
+    body: ParsedBody,
+    protocol: Protocol,
+    point: ResumePoint,
+    rec: RequestRecord,
+    trace: RequestTrace,
+) -> OpenedResponse | None:
+    """The first continuation attempt that produced a first content event, or None when none
+    could (every replica failed or was excluded, the retry budgets are spent, the deadline
+    passed, or an engine refused the continuation with a 4xx). When no replica is usable at
+    the moment (restarting, unhealthy, ejected) it waits a full-jitter backoff (at least
+    ``MIN_WAIT_S``) and looks again, ``MAX_ROUNDS`` times at most. Each attempt is one
+    retry of its pool's budget, counted in ``rec.attempts`` and ``rec.retries`` (reason
+    ``resume``) and the attempt metrics; ``rec.served_tier`` and ``rec.replica`` follow the
+    replica that took over."""
+    loop = asyncio.get_running_loop()
+    chain = res.plan.chain
+    start = chain.index(broken) if broken in chain else 0
+    pools = [p for p in chain[start:] if p.config.resume.enabled]
+    route = res.plan.route or RouteRequest.from_doc(
+        body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
+    )
+    payloads = {
+        id(p): protocol.continuation_body(
+            body, p.config.served_model_name, point,
+            priority=res.plan.engine_priority if p.config.scheduling_policy == "priority"
+            else None)
+        for p in pools
+    }
+    for n in range(1, MAX_ROUNDS + 1):
+        for pool in pools:
+            opened, stop = await _try_pool(state, res, pool, payloads[id(pool)], protocol,
+                                           route, rec, trace)
+            if opened is not None or stop:
+                return opened
+        # no replica could take it now (the others restarting, unhealthy or ejected): wait a
+        # little, as a retry does, and look again while the deadline allows
+        if not any(r not in res.failed for p in pools for r in p.replicas):
+            return None
+        pause = max(MIN_WAIT_S, full_jitter_backoff_s(n, pools[0].config.retry) if pools else 0)
+        if loop.time() + pause >= res.deadline:
+            return None
+        await asyncio.sleep(pause)
+    return None
+
+
+async def _try_pool(
+    state: GatewayState,
+    res: Resumption,
+    pool: Pool,
+    payload: bytes,
+    protocol: Protocol,
+    route: RouteRequest,
+    rec: RequestRecord,
+    trace: RequestTrace,
+) -> tuple[OpenedResponse | None, bool]:
+    """``(opened, stop)``: the continuation opened on a usable replica of ``pool`` not in
+    ``res.failed``, or None; ``stop`` when no further try may follow (the deadline)."""
+    loop = asyncio.get_running_loop()
+    metrics = state.metrics
+    served = pool.config.served_model_name
+    for _ in range(pool.config.retry.max_attempts):
+        if loop.time() >= res.deadline:
+            return None, True
+        replica = await pick_replica(pool, route, pool.usable(loop.time()), exclude=res.failed)
+        if replica is None or not pool.budget.try_acquire(loop.time()):
+            return None, False
+        rec.attempts += 1
+        rec.retries.append("resume")
+        metrics.record_retry(pool, "resume")
+        span = trace.attempt(pool=pool.key, tier=pool.tier, replica=replica.safe_url,
+                             model=served, number=rec.attempts, retry_reason="resume")
+        attempt = Attempt(pool=pool, replica=replica, payload=payload, protocol=protocol,
+                          request_id=rec.request_id, stream=True, deadline=res.deadline,
+                          total_s=res.total_s, extra_headers=span.headers(), read_s=res.read_s)
+        try:
+            opened = await open_attempt(state.upstream, attempt)
+        except RetryableFailure as f:
+            res.failed.append(replica)
+            span.end(f.reason, status=f.error.status)
+            metrics.record_attempt(pool, f.reason)
+            if f.replica_fault:
+                pool.record_failure(replica, loop.time())
+            continue
+        except UpstreamTimeout:
+            span.end("total-timeout")
+            metrics.record_attempt(pool, "total-timeout")
+            return None, True
+        except (EngineClientError, UnreadableResponse) as e:
+            # this pool's engine refuses the continuation: the next pool may take it
+            span.end("client-error", status=e.status)
+            metrics.record_attempt(pool, "client-error")
+            res.failed.append(replica)
+            return None, False
+        except BaseException:
+            span.end("cancelled")
+            raise
+        pool.record_success(replica)
+        metrics.record_attempt(pool, "ok")
+        opened.span = span
+        rec.served_tier, rec.replica = pool.tier, replica.name
+        return opened, False
+    return None, False

@@ -1,0 +1,112 @@
+"""Non-stream chat and completions requests are streamed upstream and assembled by the gateway:
+the JSON equals the engine's own non-stream answer field by field, stalls are caught by
+``stall_s`` (not ``total_s``), and a break mid-way is resumed like a stream's."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.e2e.helpers import metric
+from tests.e2e.stack import MODEL, Stack
+
+pytestmark = pytest.mark.e2e
+SIM_ARGS = ("--time-scale", "0.02", "--seed", "0", "--output-tokens", "24")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+MSGS = [{"role": "user", "content": "Tell me about the weather."}]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("assembled"), replicas_per_tier=2, sim_args=SIM_ARGS,
+              tiers=("standard",),
+              timeouts={"connect_s": 1, "ttft_s": 3, "stall_s": 1, "total_s": 30},
+              pool_overrides={"retry": {"budget_min_retries": 50},
+                              "outlier": {"enabled": False}})
+    s.start()
+    yield s
+    s.stop()
+
+
+def both(stack: Stack, path: str, body: dict) -> tuple[dict, dict]:
+    """(the gateway's answer, the engine's own non-stream answer to the same request)."""
+    body = {"model": MODEL, **body}
+    via = httpx.post(stack.base_url + path, json=body, timeout=30)
+    assert via.status_code == 200, via.text
+    direct = httpx.post(stack.sims["standard"][0] + path, json=body, timeout=30)
+    assert direct.status_code == 200, direct.text
+    return via.json(), direct.json()
+
+
+def same_fields(via: dict, direct: dict) -> None:
+    assert set(via) == set(direct)
+    assert via["object"] == direct["object"] and via["model"] == direct["model"]
+    assert via["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]
+    assert via["usage"]["completion_tokens"] == direct["usage"]["completion_tokens"]
+    assert via["usage"]["total_tokens"] == direct["usage"]["total_tokens"]
+    assert set(via["usage"]["prompt_tokens_details"]) == set(
+        direct["usage"]["prompt_tokens_details"])
+    assert via["service_tier"] == "default"  # the tier that served, as for any JSON answer
+    assert via["system_fingerprint"] == direct["system_fingerprint"]
+    assert len(via["choices"]) == len(direct["choices"])
+    for a, b in zip(via["choices"], direct["choices"], strict=True):
+        assert set(a) == set(b)
+        for key in ("index", "finish_reason", "stop_reason", "logprobs", "text"):
+            assert a.get(key) == b.get(key), key
+        if "message" in a:
+            ma, mb = a["message"], b["message"]
+            assert set(ma) == set(mb)
+            for key in ma:
+                if key != "tool_calls":
+                    assert ma[key] == mb[key], key
+            for ca, cb in zip(ma.get("tool_calls") or [], mb.get("tool_calls") or [],
+                              strict=True):
+                assert ca["function"] == cb["function"] and ca["type"] == cb["type"]
+                assert ca["id"].startswith("chatcmpl-tool-")
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": MSGS},
+    {"messages": MSGS, "max_tokens": 7},
+    {"messages": MSGS, "n": 3},
+    {"messages": MSGS, "stop": [","]},
+    {"messages": MSGS, "tools": TOOLS},
+    {"messages": MSGS, "stream": False, "temperature": 0},
+], ids=["plain", "length", "n3", "stop", "tools", "stream-false"])
+def test_chat_json_equals_the_engines(stack: Stack, body: dict) -> None:
+    same_fields(*both(stack, "/v1/chat/completions", body))
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "Once upon a time"},
+    {"prompt": ["one", "two"], "max_tokens": 5},
+], ids=["text", "two-prompts"])
+def test_completions_json_equals_the_engines(stack: Stack, body: dict) -> None:
+    same_fields(*both(stack, "/v1/completions", body))
+
+
+def test_stalled_json_request_is_retried_by_stall_s(stack: Stack) -> None:
+    """A stall after the first token: caught after ``stall_s`` (1 s, not ``total_s``) and the
+    answer resumed on the other replica; the text is the engine's uninterrupted answer."""
+    direct = httpx.post(stack.sims["standard"][0] + "/v1/chat/completions",
+                        json={"model": MODEL, "messages": MSGS}, timeout=30).json()
+    before = metric(stack, "speedgate_resumes_total", reason="stall-timeout", outcome="resumed")
+    r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": MSGS,
+        "sim_faults": {"stall_after_chunks": 14, "stall_s": 20}})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert got["choices"][0]["finish_reason"] == direct["choices"][0]["finish_reason"]
+    assert metric(stack, "speedgate_resumes_total", reason="stall-timeout",
+                  outcome="resumed") == before + 1
+    # honest usage: both attempts' prompts, the text once
+    assert got["usage"]["prompt_tokens"] > direct["usage"]["prompt_tokens"]
+
+
+def test_json_break_that_cannot_resume_is_a_502(stack: Stack) -> None:
+    r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": MSGS, "n": 2, "sim_faults": {"reset_after_chunks": 3}})
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_error"

@@ -1,0 +1,219 @@
+"""Mid-stream resume end to end: streams broken after content reached the client (reset, stall,
+malformed event, SIGKILL of the replica) are continued on another replica, same pool first then
+along the fallback chain; the client sees one uninterrupted stream, byte for byte the text an
+unbroken generation has, with the first attempt's id, one role chunk, one finish reason, one
+usage chunk (the sum of the attempts) and one ``[DONE]``. The rules that forbid a resume end
+the stream with one in-band error event."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.helpers import CHAT, metric
+from tests.e2e.stack import MODEL, Stack
+
+pytestmark = pytest.mark.e2e
+CHUNKS = [f"part{i} " for i in range(10)]
+FULL = "".join(CHUNKS)
+SIM_ARGS = ("--time-scale", "0.02", "--seed", "0", "--output-tokens", "30")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("resume"), replicas_per_tier=2, sim_args=SIM_ARGS,
+              timeouts={"connect_s": 1, "ttft_s": 3, "stall_s": 1, "total_s": 30},
+              pool_overrides={"resume": {"max_resumes": 3},
+                              "retry": {"budget_min_retries": 50},
+                              "outlier": {"enabled": False}})
+    s.start()
+    yield s
+    s.stop()
+
+
+def run(stack: Stack, body: dict, on_event=None) -> dict:
+    """POST a stream; the client's view: text, ids, role/finish/usage/[DONE] counts, errors."""
+    out = {"text": "", "ids": set(), "created": set(), "roles": 0, "finishes": [], "usage": [],
+           "done": 0, "errors": [], "tier": None}
+    body = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True}, **body}
+    with httpx.stream("POST", stack.base_url + CHAT, json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        out["tier"] = r.headers.get("x-speedgate-tier")
+        n = 0
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                out["done"] += 1
+                continue
+            doc = orjson.loads(line[6:])
+            if "error" in doc:
+                out["errors"].append(doc["error"])
+                continue
+            out["ids"].add(doc["id"])
+            out["created"].add(doc["created"])
+            if doc.get("usage"):
+                out["usage"].append(doc["usage"])
+            for c in doc["choices"]:
+                delta = c["delta"]
+                out["roles"] += "role" in delta
+                out["text"] += delta.get("content") or ""
+                if c.get("finish_reason"):
+                    out["finishes"].append(c["finish_reason"])
+            n += 1
+            if on_event is not None:
+                on_event(n, r)
+    return out
+
+
+def clean(out: dict, text: str) -> None:
+    assert out["errors"] == []
+    assert out["text"] == text
+    assert len(out["ids"]) == 1 and len(out["created"]) == 1
+    assert out["roles"] == 1 and len(out["finishes"]) == 1 and out["done"] == 1
+    assert len(out["usage"]) == 1
+
+
+def scripted(**faults) -> dict:
+    return {"messages": [{"role": "user", "content": "go"}],
+            "sim_faults": {"chunks": CHUNKS, "chunk_interval_s": 0.01, **faults}}
+
+
+@pytest.mark.parametrize("fault", [
+    {"reset_after_chunks": 6},
+    {"stall_after_chunks": 6, "stall_s": 3},
+    {"malformed_after_chunks": 6},
+])
+def test_break_resumed_in_the_same_pool(stack: Stack, fault: dict) -> None:
+    before = metric(stack, "speedgate_resumes_total", outcome="resumed")
+    out = run(stack, {**scripted(**fault), "model": f"{MODEL}-fast"})
+    clean(out, FULL)
+    assert out["tier"] == "fast"
+    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == before + 1
+    # one usage: the continuation's prompt prefilled again is counted, with the carried text
+    assert out["usage"][0]["completion_tokens"] >= len(CHUNKS)
+
+
+def test_breaks_continue_along_the_fallback_chain(stack: Stack) -> None:
+    """Three breaks: fast A, fast B (the pool has no other replica), then standard."""
+    out = run(stack, {**scripted(reset_after_chunks=3), "model": f"{MODEL}-fast"})
+    clean(out, FULL)
+    requests = stack.sim_requests("fast") + stack.sim_requests("standard")
+    continued = [r for r in requests if (r.get("body") or {}).get("continue_final_message")]
+    assert len(continued) >= 3
+    last = stack.sim_requests("standard")
+    assert any((r.get("body") or {}).get("continue_final_message") for r in last)
+
+
+def test_generated_text_is_byte_identical(stack: Stack) -> None:
+    msgs = [{"role": "user", "content": "Describe a river at dawn."}]
+    whole = run(stack, {"messages": msgs})
+    clean(whole, whole["text"])
+    # every attempt breaks after 12 events (one token each at this pace): 30 tokens, 3 attempts
+    # (asked of the fast tier: two fast replicas, then the standard pool's two)
+    broken = run(stack, {"messages": msgs, "model": f"{MODEL}-fast",
+                         "sim_faults": {"reset_after_chunks": 12}})
+    clean(broken, whole["text"])
+    assert broken["finishes"] == whole["finishes"]
+    # summed usage: both prompts, the text once per attempt that produced it
+    assert broken["usage"][0]["prompt_tokens"] > whole["usage"][0]["prompt_tokens"]
+
+
+def test_sigkill_mid_stream(stack: Stack) -> None:
+    killed: list[str] = []
+
+    def kill(n: int, r: httpx.Response) -> None:
+        if n == 3 and not killed:
+            name = r.headers["x-speedgate-replica"]
+            tier, index = name.split("/")[-2], int(name.split("/")[-1])
+            url = stack.sims[tier][index]
+            killed.append(url)
+            stack.kill_sim(url, crash=True)
+
+    body = {"messages": [{"role": "user", "content": "go"}],
+            "sim_faults": {"chunks": CHUNKS, "chunk_interval_s": 0.1}}
+    try:
+        out = run(stack, body, on_event=kill)
+    finally:
+        for url in killed:
+            stack.restart_sim(url)
+    assert killed
+    clean(out, FULL)
+
+
+def test_unresumable_rules_end_in_band(stack: Stack) -> None:
+    """A tool call under way and n > 1: one in-band error event, as without resume."""
+    tool = {**scripted(reset_after_chunks=5, tool_call_after_chunks=3),
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+    out = run(stack, tool)
+    assert len(out["errors"]) == 1 and out["done"] == 0
+    n2 = {"messages": [{"role": "user", "content": "go"}], "n": 2,
+          "sim_faults": {"reset_after_chunks": 4}}
+    out = run(stack, n2)
+    assert len(out["errors"]) == 1 and out["done"] == 0
+    assert metric(stack, "speedgate_resumes_total", outcome="refused") >= 2
+
+
+def test_resume_disabled_pool(tmp_path) -> None:
+    s = Stack(tmp_path, replicas_per_tier=2, sim_args=SIM_ARGS, tiers=("standard",),
+              pool_overrides={"resume": {"enabled": False}})
+    s.start()
+    try:
+        out = run(s, scripted(reset_after_chunks=4))
+        assert len(out["errors"]) == 1 and out["done"] == 0
+        assert FULL.startswith(out["text"]) and len(out["text"]) < len(FULL)
+        assert metric(s, "speedgate_resumes_total", outcome="refused", reason="broken-stream")
+    finally:
+        s.stop()
+
+
+
+
+def test_legacy_completions_resume_byte_identical(stack: Stack) -> None:
+    """Completions continue from the prompt plus the text produced: stream and JSON."""
+    def text_of(body: dict) -> tuple[str, list[str]]:
+        body = {"model": f"{MODEL}-fast", "prompt": "Once upon a time", **body}
+        if not body.get("stream"):
+            r = httpx.post(stack.base_url + "/v1/completions", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+            c = r.json()["choices"][0]
+            return c["text"], [c["finish_reason"]]
+        text, finishes = "", []
+        with httpx.stream("POST", stack.base_url + "/v1/completions", json=body,
+                          timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    doc = orjson.loads(line[6:])
+                    assert "error" not in doc
+                    for c in doc["choices"]:
+                        text += c["text"]
+                        if c.get("finish_reason"):
+                            finishes.append(c["finish_reason"])
+        return text, finishes
+
+    whole, finish = text_of({})
+    faults = {"sim_faults": {"reset_after_chunks": 12}}
+    assert text_of({"stream": True, **faults}) == (whole, finish)
+    assert text_of(faults) == (whole, finish)
+
+
+def test_json_answer_resumed_across_the_chain_names_the_tier_that_finished(stack: Stack) -> None:
+    body = {**scripted(reset_after_chunks=3), "model": f"{MODEL}-fast"}
+    r = httpx.post(stack.base_url + CHAT, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["choices"][0]["message"]["content"] == FULL
+    assert r.headers["x-speedgate-tier"] == "standard" and doc["service_tier"] == "default"
+    assert r.headers["x-speedgate-replica"].startswith(f"{MODEL}/standard/")
+
+
+def test_content_before_a_tool_call_resumes(stack: Stack) -> None:
+    """A break in the content before a tool call starts is resumed; the call follows once."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    body = {"messages": [{"role": "user", "content": "go"}], "tools": tools,
+            "sim_faults": {"chunks": ["Let ", "me ", "check. ", '{"a": 1}'],
+                           "tool_call_after_chunks": 3, "reset_after_chunks": 3}}
+    out = run(stack, body)
+    assert out["errors"] == [] and out["text"] == "Let me check. "
+    assert out["finishes"] == ["tool_calls"] and out["done"] == 1 and out["roles"] == 1
