@@ -165,14 +165,26 @@ async def handle(request: web.Request, api: Api) -> web.StreamResponse:
             for pl in plans:
                 state.metrics.finished(pl.finish)
         return resp
-    except (asyncio.CancelledError, ConnectionResetError):
-        entry["aborted"] = True
-        state.counts.aborted += 1
-        state.metrics.sim_aborted.inc()
+    except asyncio.CancelledError:
+        _count_abort(state, entry)
         raise
+    except ConnectionResetError:
+        # the client left mid-answer (aiohttp raises on the next write): an abort, as in vLLM,
+        # not a server error; aiohttp finds the transport closed and only logs the access
+        _count_abort(state, entry)
+        if request.transport is not None:
+            request.transport.abort()  # never answer twice on a half-written stream
+        return web.Response(status=499)
     finally:
         if job is not None:
             state.engine.abort(job)
+
+
+def _count_abort(state: SimState, entry: dict[str, Any]) -> None:
+    """Count one request aborted by its client (the ``/sim/requests`` entry and the metric)."""
+    entry["aborted"] = True
+    state.counts.aborted += 1
+    state.metrics.sim_aborted.inc()
 
 
 def _priority(state: SimState, body: dict[str, Any]) -> int:
