@@ -57,11 +57,12 @@ class FlowControlConfig(_Strict):
     dispatched per second of backlog). ``recheck_interval_s``: while requests wait, how often
     replica health and scraped engine queues are re-read (a finished request dispatches at
     once). ``first_token_guard_s``: after a request of the top band takes a slot, requests of
-lower bands are not dispatched for the top band's typical time to first token (the mean of
-its measured TTFTs), at most this long (0 = off): their prompts' prefill would share the engine
-step the top band's first token waits for (vLLM batches every running request's prefill chunk
-into one step). A slot may stay idle that long. ``enabled``: false queues nothing (every
-    request goes straight to the engines)."""
+lower bands may not take the pool's last free slot for the top band's typical time to first
+token (the mean of its measured TTFTs), at most this long (0 = off): their prompts' prefill
+would share the full engine step the top band's first token waits for (vLLM batches every
+running request's prefill chunk into one step). While another slot stays free they go at once,
+and one lower-band request is held at most this long in all (``admit.flow.guard``).
+    ``enabled``: false queues nothing (every request goes straight to the engines)."""
 
     enabled: bool = True
     bands: list[BandConfig] = Field(default_factory=_default_bands, min_length=1)

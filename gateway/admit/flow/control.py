@@ -13,9 +13,12 @@
    path.
 
 Slots per band: ``saturation.band_limits`` (reservations are work-conserving). First-token
-guard: after a top-band request takes a slot, lower bands take none for the top band's typical
-time to first token (``first_token_guard_s`` at most), so no batch prompt is prefilled in the
-engine step that first token waits for.
+guard: after a top-band request takes a slot, for the top band's typical time to first token
+(``first_token_guard_s`` at most) a lower band may not take the *last* slot free to it, so no
+batch prompt is prefilled in a full engine step that first token waits for. An unsaturated
+pool pays nothing: the replica is picked after the slot (least loaded), so while another slot
+stays free the lower-band prompt has room beside the first token; and no lower-band request is
+held more than ``first_token_guard_s`` in all, however often top-band dispatches renew it.
 
 Refusals are 503 (``queue_full``, ``queue_wait_too_long``, ``queue_timeout``) with a
 ``Retry-After`` from the drain rate; a flex request gets OpenAI's 429 ``resource_unavailable``
@@ -37,6 +40,7 @@ from typing import Any
 
 from gateway.admit.flow.bands import HEADER, BandChoice, resolve_band
 from gateway.admit.flow.drain import DrainMeter, expected_wait_s, retry_after_s, shed
+from gateway.admit.flow.guard import FirstTokenGuard
 from gateway.admit.flow.queue import BandedQueue, BandRule, Waiter
 from gateway.admit.flow.refusal import ADMIT_TIME_HEADER, QueueRefused
 from gateway.admit.flow.saturation import EngineQueues, band_limits, slot_capacity
@@ -99,9 +103,7 @@ class _PoolFlow:
         self.key_drain: dict[str, DrainMeter] = {}  # per API key, while it has some waiting
         self.key_queued: Counter[str] = Counter()
         self.service_s: list[float | None] = [None] * len(cfg.bands)  # hold time EWMA, band
-        self.top_ttft_s: float | None = None  # the top band's time to first token, EWMA
-        self.guard_until = 0.0  # lower bands wait until then (a top-band first token is due)
-        self.guard_s = cfg.first_token_guard_s
+        self.guard = FirstTokenGuard(cfg.first_token_guard_s)
         self.engine = EngineQueues()
         self.active = 0
         self.held = [0] * len(cfg.bands)  # slots held per band (the band dispatched from)
@@ -116,16 +118,18 @@ class _PoolFlow:
         return bool(c.max_inflight_per_replica) or c.max_engine_waiting is not None
 
     def lowest_band(self, now: float) -> int | None:
-        """The lowest-priority band that may take a slot now (None: none may)."""
+        """The lowest-priority band that may take a slot now (None: none may). While the
+        first-token guard is on, a lower band still takes a slot when one more stays free after
+        it (``guard.FirstTokenGuard``)."""
         if self.engine.saturated(self.pool, now):
             return None
-        top_only = now < self.guard_until
         cap = slot_capacity(self.pool, now)
-        if cap is None:
-            return 0 if top_only else len(self.shares) - 1
+        if cap is None:  # bounded by the engines' queues only: no slot to be the last one
+            return len(self.shares) - 1
+        guarded = self.guard.binds(now, self.queue.oldest_arrival(1))
         lowest = None
         for i, limit in enumerate(band_limits(cap, self.shares, self.held)):
-            if self.active < limit and (i == 0 or not top_only):
+            if self.active < limit and (i == 0 or not guarded or self.active + 1 < limit):
                 lowest = i
         return lowest
 
@@ -134,31 +138,22 @@ class _PoolFlow:
         self.active += 1
         self.held[band] += 1
         self.engine.sent += 1
-        if admission.band.index == 0 and self.guard_s > 0 and self.top_ttft_s is not None:
-            self.hold_lower_bands(now, min(self.top_ttft_s, self.guard_s))
+        if admission.band.index == 0 and (hold_s := self.guard.renew(now)) is not None:
+            self.later(hold_s)
         return Slot(self, admission, band, queued, waited_s, now)
 
-    def hold_lower_bands(self, now: float, hold_s: float) -> None:
-        """The first-token guard: no lower-band dispatch before ``now + hold_s``; then the
-        queue is served at once (a timer on the running loop, if any)."""
-        if now + hold_s <= self.guard_until:
-            return
-        self.guard_until = now + hold_s
+    def later(self, delay_s: float) -> None:
+        """Serve the queue again in ``delay_s`` (a timer on the running loop, if any)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a pure test): the next tick serves the queue
             return
-        loop.call_later(hold_s, self.guard_over)
+        loop.call_later(delay_s, self.guard_over)
 
     def guard_over(self) -> None:
         """A guard's time passed: hand free slots to waiting lower-band requests."""
         if len(self.queue):
             self.dispatch(self.owner.clock())
-
-    def learn_ttft(self, ttft_s: float) -> None:
-        """A top-band request's measured time to first token (s): EWMA, weight 0.2."""
-        prev = self.top_ttft_s
-        self.top_ttft_s = ttft_s if prev is None else prev + 0.2 * (ttft_s - prev)
 
     def key_event(self, now: float, key: str, delta: int, cost: float | None = None) -> None:
         """A request of ``key`` joined (+1) or left (-1) the queue; ``cost`` when it left for
@@ -316,6 +311,8 @@ class FlowControl:
         pf.queue.push(w)
         pf.key_event(now, adm.key, +1)
         pf.dispatch(now)  # a slot may be free for it already (a higher band was waiting)
+        if band > 0 and not fut.done() and now < pf.guard.until:
+            pf.later(pf.guard.cap_s)  # the guard holds it at most this long
         if not fut.done():
             pf.start_pump()
         try:
@@ -345,7 +342,7 @@ class FlowControl:
         pf.served(slot, self.clock())
         adm = slot.admission
         if ttft_s is not None and adm.band.index == 0:
-            pf.learn_ttft(ttft_s)
+            pf.guard.learn(ttft_s)
         if slot.charged and actual_tokens is not None:
             pf.queue.bands[slot.band].fair.settle(adm.key, adm.session, actual_tokens - adm.cost)
         if len(pf.queue):

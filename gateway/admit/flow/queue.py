@@ -168,6 +168,11 @@ class BandedQueue:
                 moved.append((w, i, i - 1))
         return moved
 
+    def oldest_arrival(self, band: int) -> float | None:
+        """Arrival (s) of the oldest request waiting in ``band`` or any lower one (None)."""
+        firsts = [w.arrived for b in self.bands[band:] if (w := self._oldest(b)) is not None]
+        return min(firsts, default=None)
+
     @staticmethod
     def _oldest(b: _Band) -> Waiter | None:
         first = next(iter(b.order), None)

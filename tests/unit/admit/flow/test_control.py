@@ -348,32 +348,71 @@ async def test_a_refusal_reports_its_decision_time_from_arrival():
     await flow.close()
 
 
-async def test_first_token_guard_holds_lower_bands_while_a_top_band_first_token_is_due():
-    """After a top-band request takes a slot, lower bands wait its band's typical time to
-    first token (learned from finished top-band requests, capped by
-    ``first_token_guard_s``): their prefill would share the step its first token needs."""
-    flow, pool, clock = make(cap=4, flow_extra={"first_token_guard_s": 0.5})
+async def test_first_token_guard_holds_the_last_free_slot_while_a_top_band_first_token_is_due():
+    """After a top-band request takes a slot, lower bands may not take the last free slot for
+    its band's typical time to first token (learned from finished top-band requests, capped by
+    ``first_token_guard_s``): their prefill would share the full step its first token needs."""
+    flow, pool, clock = make(cap=2, flow_extra={"first_token_guard_s": 0.5})
     pf = flow.pools[pool.key]
     first = await flow.acquire(pool, adm(0), 10)
-    assert pf.guard_until == 0.0  # nothing learned yet: no guard
+    assert pf.guard.until == 0.0  # nothing learned yet: no guard
     flow.release(first, 50, ttft_s=0.2)
-    assert pf.top_ttft_s == pytest.approx(0.2)
+    assert pf.guard.ttft_s == pytest.approx(0.2)
     top = await flow.acquire(pool, adm(0), 10)
-    assert pf.guard_until == pytest.approx(clock.t + 0.2)
-    batch = await queue(flow, pool, adm(2, key="b"))  # slots are free, but the guard holds
+    assert pf.guard.until == pytest.approx(clock.t + 0.2)
+    batch = await queue(flow, pool, adm(2, key="b"))  # one slot free: the guard holds it
     assert not batch.done() and pf.lowest_band(clock.t) == 0
-    also_top = await flow.acquire(pool, adm(0), 10)  # the top band itself is never held
-    assert also_top is not None and not also_top.queued
     clock.t += 0.2
     pf.tick(clock.t)
     await settle()
     assert batch.done() and batch.result().queued
+    flow.release(batch.result(), None)
     # a slow first token is capped by first_token_guard_s
     for _ in range(30):
         flow.release(await flow.acquire(pool, adm(0), 10), 50, ttft_s=3.0)
-    assert pf.guard_until == pytest.approx(clock.t + 0.5)
-    for s in (top, also_top, batch.result()):
+    assert pf.guard.until == pytest.approx(clock.t + 0.5)
+    flow.release(top, None)
+    await flow.close()
+
+
+async def test_first_token_guard_costs_an_unsaturated_pool_nothing():
+    """Regression: every top-band dispatch renewed the guard, so with top-band requests
+    arriving faster than their TTFT a standard request never started while 6 of 8 slots
+    sat idle. While another slot stays free after it, a lower band goes at once."""
+    flow, pool, clock = make(cap=8, flow_extra={"first_token_guard_s": 0.5})
+    pf = flow.pools[pool.key]
+    flow.release(await flow.acquire(pool, adm(0), 10), 50, ttft_s=0.6)
+    tops = [await flow.acquire(pool, adm(0), 10) for _ in range(2)]
+    assert pf.guard.until > clock.t
+    std = await flow.acquire(pool, adm(1, key="s"), 10)
+    assert std is not None and not std.queued
+    for s in (*tops, std):
         flow.release(s, None)
+    await flow.close()
+
+
+async def test_first_token_guard_holds_a_lower_band_request_at_most_its_cap():
+    """Renewals by new top-band dispatches never hold one lower-band request longer than
+    ``first_token_guard_s`` in all."""
+    flow, pool, clock = make(cap=2, flow_extra={"first_token_guard_s": 0.5})
+    pf = flow.pools[pool.key]
+    flow.release(await flow.acquire(pool, adm(0), 10), 50, ttft_s=0.375)
+    top = await flow.acquire(pool, adm(0), 10)
+    batch = await queue(flow, pool, adm(2, key="b"))
+    for step in (0.25, 0.125):  # a new top-band request renews the guard before it ends
+        clock.t += step
+        newer = await flow.acquire(pool, adm(0), 10)
+        flow.release(top, 50, ttft_s=0.375)
+        top = newer
+        pf.tick(clock.t)
+        await settle()
+        assert not batch.done() and pf.guard.until > clock.t
+    clock.t += 0.125  # 0.5 s since the batch request arrived: the guard lets it go
+    pf.tick(clock.t)
+    await settle()
+    assert batch.done() and batch.result().waited_s == pytest.approx(0.5)
+    flow.release(top, None)
+    flow.release(batch.result(), None)
     await flow.close()
 
 
@@ -382,10 +421,10 @@ async def test_first_token_guard_off_and_lower_band_ttfts_teach_nothing():
     pf = flow.pools[pool.key]
     flow.release(await flow.acquire(pool, adm(0), 10), 50, ttft_s=0.2)
     await flow.acquire(pool, adm(0), 10)
-    assert pf.guard_until == 0.0
+    assert pf.guard.until == 0.0
     assert await flow.acquire(pool, adm(2), 10) is not None
     flow2, pool2, _ = make(cap=4)
     flow2.release(await flow2.acquire(pool2, adm(2), 10), 50, ttft_s=0.2)
-    assert flow2.pools[pool2.key].top_ttft_s is None
+    assert flow2.pools[pool2.key].guard.ttft_s is None
     await flow.close()
     await flow2.close()
