@@ -12,6 +12,7 @@ import yaml
 from gateway import __version__
 from gateway.common.urls import redact_url
 from gateway.config import ConfigError, load_config
+from gateway.config.advice import workers_warning
 from gateway.server import run_server
 
 EXAMPLE = "deploy/speedgate.example.yaml"
@@ -37,6 +38,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"speedgate: {e}", file=sys.stderr)
         return 2
+    if (warning := workers_warning(config)) is not None:
+        print(f"speedgate: {warning}", file=sys.stderr, flush=True)
     try:
         run_server(config, args.config, port_file=args.port_file)
     except OSError as e:
@@ -64,6 +67,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(f"speedgate: {args.config}: {e}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(_redacted(config.model_dump(mode="json")), sort_keys=False), end="")
+    if (warning := workers_warning(config)) is not None:
+        print(f"speedgate: {args.config}: {warning}", file=sys.stderr)
     print(f"# {args.config}: OK ({len(config.models)} model(s))", file=sys.stderr)
     return 0
 

@@ -17,7 +17,9 @@ class ServerConfig(_Strict):
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
-    workers: int = Field(1, ge=1, description="uvicorn worker processes")
+    workers: int = Field(1, ge=1, description="uvicorn worker processes; >1 without "
+                         "state.redis_url keeps sessions, Responses and limits per process "
+                         "(warned at start-up: config.advice)")
     max_body_bytes: int = Field(
         64 * 1024 * 1024,
         ge=1024,

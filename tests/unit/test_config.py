@@ -83,3 +83,39 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(_write(tmp_path, "models: [\n"))
+
+
+WORKERS = GOOD + """
+server: {workers: 3}
+auth:
+  keys:
+    - id: a
+      hash: "sha256:%s"
+      limits: {requests_per_min: 3}
+""" % ("0" * 64)
+
+
+def test_workers_without_redis_warn_at_check_config_and_serve(tmp_path, capsys, monkeypatch):
+    """Regression: ``server.workers > 1`` without ``state.redis_url`` kept sessions, stored
+    Responses and rate limits per process silently (9 of 10 follow-ups 404, 5 of 10 admitted
+    at requests_per_min 3). Both commands now name what is per process."""
+    from gateway import cli
+
+    path = str(_write(tmp_path, WORKERS))
+    assert cli.main(["check-config", path]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: server.workers is 3 but state.redis_url is not set" in err
+    for what in ("session affinity", "previous_response_id", "per-key rate limits",
+                 "usage totals"):
+        assert what in err
+    assert "session budgets" not in err  # none configured
+    started: list[int] = []
+    monkeypatch.setattr(cli, "run_server", lambda config, *a, **k: started.append(
+        config.server.workers))
+    assert cli.main(["serve", "--config", path]) == 0 and started == [3]
+    assert "WARNING: server.workers is 3" in capsys.readouterr().err
+    # one worker, or Redis configured: nothing to warn about
+    assert cli.main(["serve", "--config", path, "--workers", "1"]) == 0
+    monkeypatch.setenv("SPEEDGATE_STATE__REDIS_URL", "redis://127.0.0.1:6379/0")
+    assert cli.main(["check-config", path]) == 0
+    assert "WARNING" not in capsys.readouterr().err
