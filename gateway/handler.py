@@ -90,7 +90,8 @@ class Endpoint:
             body = protocol.parse(raw)
             check_json_shape(body.doc, state.config.server.max_json_depth)
             if protocol.operation in ("chat", "text_completion"):
-                check_sampling_params(body.doc)  # a client's mistake never reaches a replica
+                # a client's mistake never reaches a replica
+                check_sampling_params(body.doc, protocol.operation)
             # 2. plan (restricted to the tiers the key is entitled to)
             treq = state.models.resolve(
                 body.doc["model"],

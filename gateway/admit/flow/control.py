@@ -280,8 +280,8 @@ class FlowControl:
         fc = self.config.flow_control
         band = resolve_band(fc, key, header, doc.get("service_tier"))
         out = doc.get("max_completion_tokens", doc.get("max_tokens"))
-        if not isinstance(out, int) or isinstance(out, bool) or out <= 0:
-            out = fc.default_output_tokens
+        if not isinstance(out, int) or isinstance(out, bool) or out < 0:
+            out = fc.default_output_tokens  # 0: the prompt echoed, nothing generated
         cost = raw_size / BYTES_PER_TOKEN + min(out, 10_000_000)
         return Admission(band, key.id if key is not None else "", session or "",
                          key.weight if key is not None else 1.0, cost)

@@ -428,3 +428,11 @@ async def test_first_token_guard_off_and_lower_band_ttfts_teach_nothing():
     assert flow2.pools[pool2.key].guard.ttft_s is None
     await flow.close()
     await flow2.close()
+
+
+def test_an_echo_only_request_costs_its_prompt_alone():
+    """``max_tokens: 0`` (echo without generation) generates nothing: no output estimate."""
+    flow, _, _ = make(cap=1)
+    assert flow.classify(None, None, {"max_tokens": 0, "echo": True}, 400, None).cost == 100
+    default = flow.config.flow_control.default_output_tokens
+    assert flow.classify(None, None, {}, 400, None).cost == 100 + default
