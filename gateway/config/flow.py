@@ -25,7 +25,10 @@ class BandConfig(_Strict):
     ahead of that band's own waiting requests (None = never). ``reserved_share``: share of a
     pool's slots (``max_inflight_per_replica`` × usable replicas) that lower bands may not use,
     so a request of this band (or a higher one) finds a free slot instead of waiting for a
-    running request to finish (vLLM does not preempt for a batch slot)."""
+    running request to finish (vLLM does not preempt for a batch slot). Rounded to the nearest
+    slot (``saturation.band_limits``): a share under half a slot reserves none, so the default
+    10% holds 1 slot of 5 to 14 and none of a 2-slot pool (where ceil held 1 of 2, halving the
+    lower bands' throughput for a 10% share); on a tiny pool ask for it (0.5 of 2 slots)."""
 
     name: str = Field(pattern=BAND_NAME)
     max_queue_s: float = Field(60.0, gt=0)

@@ -2,9 +2,9 @@
 the configured bound. Pure functions of the pool's state and ``now`` (monotonic s).
 
 Slots: ``max_inflight_per_replica`` × replicas that are healthy and not ejected. A band may use
-the slots minus the part of the higher bands' reservations (``reserved_share``, rounded up,
-never all of them) that those bands do not hold now, so the top band usually finds a free slot
-and a reservation in use costs the lower bands nothing. Engine queues: the scraped
+the slots minus the part of the higher bands' reservations (``reserved_share``, rounded to the
+nearest slot, never all of them) that those bands do not hold now, so the top band usually
+finds a free slot and a reservation in use costs the lower bands nothing. Engine queues: the scraped
 ``vllm:num_requests_waiting`` of replicas scraped within ``fresh_s``, plus the requests this
 gateway sent since the newest scrape, minus those that finished since (each frees a running
 slot that a waiting request takes); saturated when that exceeds ``max_engine_waiting`` per
@@ -24,9 +24,14 @@ def band_limits(
 ) -> list[int]:
     """Slots in use (all bands together) below which each band may take one more, band 0
     first: ``capacity`` minus the unused reservations of the bands above, ``Σ_j max(0, r_j −
-    held_j)`` where band j reserves ``r_j = ceil(capacity × Σ shares up to j) − ceil(capacity
-    × Σ shares before j)`` slots; at least 1 while ``capacity`` is positive. ``held``: slots
-    each band holds now (None: none).
+    held_j)`` where band j reserves ``r_j = round(capacity × Σ shares up to j) − round(capacity
+    × Σ shares before j)`` slots (halves up); at least 1 while ``capacity`` is positive.
+    ``held``: slots each band holds now (None: none).
+
+    Nearest, not up: a reservation costs the lower bands its slots whenever its band is idle,
+    so it should be the fair fraction the share asks for, within half a slot. Rounding up made
+    the default 10% reserve 1 of 2 slots (50%: two standard requests on 2 replicas × 1 slot
+    ran one after the other beside an idle replica); a share under half a slot reserves none.
 
     A reservation is kept free *for* its band, not on top of what that band already holds: a
     top-band request running in a reserved slot uses the reservation, so the lower bands may
@@ -37,10 +42,16 @@ def band_limits(
     unused = 0
     for i, share in enumerate(reserved_shares):
         out.append(max(min(capacity, 1), capacity - unused))
-        mine = math.ceil(capacity * (cum + share) - 1e-9) - math.ceil(capacity * cum - 1e-9)
+        mine = _nearest(capacity * (cum + share)) - _nearest(capacity * cum)
         cum += share
         unused += max(0, mine - (held[i] if held is not None and i < len(held) else 0))
     return out
+
+
+def _nearest(slots: float) -> int:
+    """``slots`` rounded to the nearest integer, halves up (1e-9 absorbs float sums such as
+    0.1 + 0.2)."""
+    return math.floor(slots + 0.5 + 1e-9)
 
 
 def slot_capacity(pool: Pool, now: float) -> int | None:

@@ -67,7 +67,13 @@ def test_band_names_come_from_config():
 def test_band_limits_reserve_slots_for_higher_bands():
     assert band_limits(20, [0.1, 0.0, 0.0]) == [20, 18, 18]
     assert band_limits(20, [0.1, 0.2, 0.0]) == [20, 18, 14]
-    assert band_limits(2, [0.1, 0.0, 0.0]) == [2, 1, 1]
+    # nearest slot, halves up: 10% of 2 slots reserves none (ceil reserved 1 of 2)
+    assert band_limits(2, [0.1, 0.0, 0.0]) == [2, 2, 2]
+    assert band_limits(4, [0.1, 0.0]) == [4, 4]
+    assert band_limits(5, [0.1, 0.0]) == [5, 4]  # half a slot: reserved
+    assert band_limits(8, [0.1, 0.0]) == [8, 7]
+    assert band_limits(2, [0.5, 0.0]) == [2, 1]  # a tiny pool asks for its slot
+    assert band_limits(10, [0.1, 0.2, 0.0]) == [10, 9, 7]
     assert band_limits(1, [0.5, 0.0]) == [1, 1]  # never every slot
     assert band_limits(0, [0.1, 0.0]) == [0, 0]
 

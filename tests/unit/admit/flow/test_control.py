@@ -122,6 +122,19 @@ async def test_reserved_share_keeps_slots_for_the_top_band():
     assert waiting.done()
 
 
+async def test_a_tiny_pool_reserves_no_slot_for_a_share_under_half_a_slot():
+    """Regression: 10% of 2 slots rounded up to 1 reserved slot, so on 2 replicas × 1 slot two
+    standard requests ran one after the other while a replica sat idle."""
+    bands = [{**BANDS[0], "reserved_share": 0.1}, BANDS[1], BANDS[2]]
+    flow, pool, _ = make(cap=1, replicas=2, bands=bands)
+    a = await flow.acquire(pool, adm(1, session="a"), 10)
+    b = await flow.acquire(pool, adm(1, session="b"), 10)
+    assert a is not None and b is not None and not a.queued and not b.queued
+    for s in (a, b):
+        flow.release(s, None)
+    await flow.close()
+
+
 async def test_a_reservation_in_use_lets_the_lower_bands_fill_the_rest():
     """A top-band request running in a reserved slot uses the reservation: the lower bands
     may take every other slot, and only the reservation's unused part stays idle."""
