@@ -19,15 +19,25 @@ linear models, fitted by exponentially decayed ridge least squares on finished r
   of ``decode/(n − 1)`` would charge it to every token and call the pool slow;
 
 where ``load`` is the pool's mean requests per replica (``gateway.routing.load.replica_load``:
-in flight here, or the engine's scraped running + waiting when larger), averaged over the
-request's dispatch and finish. Old samples fade with a half-life (``half_life_s``), but never
+in flight here, or the engine's scraped running + waiting when larger), taken when each phase
+ran: at dispatch for TTFT (the queue and batch the prompt met), at finish for decode (the batch
+its tokens were decoded in; ``gateway.plan.auto.service.measurement``). One average of the two
+would, while load ramps up, pair the decode time of a full batch with a half-full batch's load,
+and a pool measured only during the ramp would learn a flat TPOT and look slow at any load.
+Old samples fade with a half-life (``half_life_s``), but never
 below ``MIN_WEIGHT`` samples' (TTFT) or tokens' (decode) worth, so an unused pool keeps its last
 fit; and a sample arriving after a silence longer than ``stale_s`` (``explore_stale_s``: the
 age at which ``decide`` explores the pool) outweighs that fit at once, since what a stale fit
 says may no longer hold: one exploration corrects a wrong estimate. Ridge priors (``PRIOR_*``)
 only matter before data arrives, except the load slope's, which is proportional to the fitted
 intercept (``RELATIVE_SLOPE``, per tier) and decides until the pool has been measured at more
-than one load.
+than one load. ``RELATIVE_SLOPE`` is also the slope's floor: a fit whose load slope comes out
+under ρ × its intercept (flat, or negative from noise between a few nearby loads, e.g. the first
+requests of a ramp slowed by their neighbours' prefills) is refitted on that bound, since a step
+never gets cheaper per sequence as the batch grows (``engines/sim/perf.py``); extrapolated to a
+load never measured, a flatter slope calls the pool fast at any load and sends it everything.
+For TTFT the same bound is a stand-in (the first token comes out of a step of the batch it
+joins, behind the queue ahead of it).
 
 The fast pool's TPOT is also scaled by its speculative acceptance: the mean tokens per step
 ``1 + accepted / drafts`` from the engines' ``vllm:spec_decode_num_accepted_tokens`` and
@@ -62,7 +72,8 @@ KTOK = 1000.0
 #: step gets per sequence in the batch. Standard decode: 0.1 ms per sequence on a 12 ms step
 #: (1/120); speculative (k = 4): the draft's 0.01 ms × k plus verification's 0.1 ms × (k + 1)
 #: per sequence on a 16 ms step (0.54/16 ≈ 1/30) — ``engines/sim/perf.py``, calibrated on vLLM's
-#: published 70B TP4 measurements. Only a prior: with data at several loads the fit decides.
+#: published 70B TP4 measurements. A prior and a floor (``DecayedRidge.beta``): with data at
+#: several loads the fit decides above the floor.
 #: It matters when a pool was only ever measured idle and load jumps (without it, an idle-only
 #: fit would call the fast pool fast at any load until its slow requests finish).
 RELATIVE_SLOPE = {"standard": 1 / 120, "fast": 0.54 / 16}
@@ -135,7 +146,9 @@ class DecayedRidge:
 
     @property
     def beta(self) -> list[float]:
-        """The fitted coefficients (the prior means before any sample)."""
+        """The fitted coefficients (the prior means before any sample). With
+        ``relative_slope`` ρ: the load slope's prior mean is ρ × the fitted intercept (a fixed
+        point), and the slope is at least that (``_solve_on_floor``)."""
         if self._beta is None:
             mus = [mu for mu, _ in self.priors]
             self._beta = self._solve_with(mus)
@@ -143,7 +156,28 @@ class DecayedRidge:
                 for _ in range(FIXED_POINT_STEPS):
                     mus[1] = self.relative_slope * max(0.0, self._beta[0])
                     self._beta = self._solve_with(mus)
+                floor = self.relative_slope * max(0.0, self._beta[0])
+                if self._beta[1] < floor:
+                    self._beta = self._solve_on_floor(self._beta)
         return self._beta
+
+    def _solve_on_floor(self, beta: list[float]) -> list[float]:
+        """``beta`` (whose load slope is under ``ρ β₀``, ρ = ``relative_slope``) refitted on
+        the bound ``β₁ = ρ β₀``: a load slope under the physical one (flat, or negative from
+        noise at a few nearby loads) extrapolates to a pool that never slows down. Only the
+        intercept is refitted (weighted least squares along ``(1, ρ)`` with its ridge prior);
+        the other coefficients keep their values in ``beta`` (else a fixed cost collinear with
+        the intercept could take the level and leave the slope at ~0). Never a negative
+        slope."""
+        rho = self.relative_slope or 0.0
+        u = (1.0, rho)
+        resid = [self.xty[i] - sum(self.xtx[i][j] * beta[j] for j in range(2, self.k))
+                 for i in range(2)]
+        mu0, lam0 = self.priors[0]
+        num = sum(u[i] * resid[i] for i in range(2)) + lam0 * mu0
+        den = sum(u[i] * self.xtx[i][j] * u[j] for i in range(2) for j in range(2)) + lam0
+        g = num / den if den > 0 else mu0
+        return [g, rho * max(0.0, g), *beta[2:]]
 
     def _solve_with(self, mus: list[float]) -> list[float]:
         a = [row[:] for row in self.xtx]
@@ -188,7 +222,8 @@ class Measurement:
     ``ttft_s``: upstream request sent → first content event (streams), or None;
     ``decode_s``: first → last content event (streams), or None; ``total_s``: upstream time to
     the whole body (JSON responses), or None; ``load``: the pool's mean requests per replica
-    while it ran."""
+    while it decoded (at finish); ``ttft_load``: the same when it was dispatched (its TTFT's
+    load), None when unknown (then ``load``)."""
 
     prompt_tokens: int
     cached_tokens: int
@@ -197,6 +232,7 @@ class Measurement:
     ttft_s: float | None = None
     decode_s: float | None = None
     total_s: float | None = None
+    ttft_load: float | None = None  # the load at dispatch, for TTFT (None: ``load``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,15 +293,16 @@ class PoolEstimator:
     def observe(self, m: Measurement, now: float) -> None:
         """Learn from one finished request."""
         uncached = max(0, m.prompt_tokens - m.cached_tokens)
+        ttft_load = m.load if m.ttft_load is None else m.ttft_load
         if m.completion_tokens > 0:
             self.output_tokens.add(m.completion_tokens, now)
         if m.ttft_s is not None:
-            self.ttft.observe((1.0, m.load, uncached / KTOK), m.ttft_s, now)
+            self.ttft.observe((1.0, ttft_load, uncached / KTOK), m.ttft_s, now)
             self.measured_ttft.add(m.ttft_s, now)
         decode = m.decode_s
         if decode is None and m.total_s is not None and m.ttft_s is None:
             # a JSON response: total = TTFT + decode; take the TTFT the model predicts
-            ttft = max(0.0, self.ttft.predict((1.0, m.load, uncached / KTOK)))
+            ttft = max(0.0, self.ttft.predict((1.0, ttft_load, uncached / KTOK)))
             decode = max(0.0, m.total_s - ttft)
         if decode is not None and m.completion_tokens > 1 and decode > 0:
             steps = m.completion_tokens - 1

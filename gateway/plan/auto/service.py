@@ -102,6 +102,26 @@ def max_tokens_of(doc: dict[str, Any]) -> int | None:
     return None
 
 
+def measurement(rec: RequestRecord, dispatch_load: float | None, finish_load: float
+                ) -> Measurement:
+    """What one finished request (with ``usage``) teaches its pool's estimator: TTFT at the
+    pool's load when it was dispatched (``dispatch_load``, None when unknown: then
+    ``finish_load``), decode at its load when it finished — the batch its tokens were decoded
+    in (requests per replica; see ``gateway.plan.auto.estimator`` for why not one average).
+    Streams: TTFT and decode span (first → last content event); JSON: the total time.
+    Raises ``ValueError`` when ``rec`` has no usage."""
+    u = rec.usage
+    if u is None:
+        raise ValueError("a measurement needs the request's usage")
+    if not rec.stream:
+        return Measurement(u.prompt, u.cached, u.completion, finish_load, total_s=rec.ttft_s,
+                           ttft_load=dispatch_load)
+    itl = rec.itl
+    decode = itl.span_s if itl is not None and itl.n else None
+    return Measurement(u.prompt, u.cached, u.completion, finish_load, ttft_s=rec.ttft_s,
+                       decode_s=decode, ttft_load=dispatch_load)
+
+
 class AutoTier:
     """Estimators and policy state of every model that has both tiers."""
 
@@ -201,18 +221,11 @@ class AutoTier:
         if est is None:
             return
         now = time.monotonic()
-        load = pool_load(pool, now)
         choice = rec.auto_choice
+        dispatch = None
         if isinstance(choice, AutoChoice) and choice.pool_key == pool.key:
-            load = (load + choice.decision.loads.get(pool.tier, load)) / 2
-        u = rec.usage
-        itl = rec.itl
-        if rec.stream:
-            decode = itl.span_s if itl is not None and itl.n else None
-            m = Measurement(u.prompt, u.cached, u.completion, load, ttft_s=rec.ttft_s,
-                            decode_s=decode)
-        else:
-            m = Measurement(u.prompt, u.cached, u.completion, load, total_s=rec.ttft_s)
+            dispatch = choice.decision.loads.get(pool.tier)
+        m = measurement(rec, dispatch, pool_load(pool, now))
         est.observe(m, now)
 
     # -- speculative decoding counters -----------------------------------------------------
