@@ -83,11 +83,11 @@ async def relay_resumable(
         res.failed.append(att.replica)
         nxt = await open_continuation(state, res, att.pool, body, protocol, point, rec, trace)
         if nxt is None:
-            entry["outcome"] = "failed"
+            entry.update(outcome="failed", rule=res.stopped or "no-replica")
             state.metrics.record_resume(att.pool, reason, "failed")
             log.warning("request %s: stream broke (%s) on %s and no replica could continue "
-                        "it (retries %s)", rec.request_id, reason, att.replica.name,
-                        ",".join(rec.retries) or "none")
+                        "it: %s (retries %s)", rec.request_id, reason, att.replica.name,
+                        entry["rule"], ",".join(rec.retries) or "none")
             break
         opened.close()
         carried.append(max(0, point.tokens - before))

@@ -217,3 +217,20 @@ def test_content_before_a_tool_call_resumes(stack: Stack) -> None:
     out = run(stack, body)
     assert out["errors"] == [] and out["text"] == "Let me check. "
     assert out["finishes"] == ["tool_calls"] and out["done"] == 1 and out["roles"] == 1
+
+
+def test_continuations_do_not_spend_the_retry_budget(tmp_path) -> None:
+    """A pool whose retry budget allows no retry at all still resumes its broken streams:
+    continuations are bounded by ``max_resumes``, not by the budget (a replica dying with many
+    streams open must not lose most of them). They are still counted as retries."""
+    s = Stack(tmp_path, replicas_per_tier=2, sim_args=SIM_ARGS, tiers=("standard",),
+              pool_overrides={"retry": {"budget_percent": 0, "budget_min_retries": 0},
+                              "outlier": {"enabled": False}})
+    s.start()
+    try:
+        for _ in range(3):
+            clean(run(s, scripted(reset_after_chunks=6)), FULL)
+        assert metric(s, "speedgate_resumes_total", outcome="resumed") == 3
+        assert metric(s, "speedgate_resumes_total", outcome="failed") == 0
+    finally:
+        s.stop()
