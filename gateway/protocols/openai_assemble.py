@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UpstreamError
+from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, ResumePoint, StreamCodec
 from gateway.protocols.errors import OPENAI_ERRORS
 from gateway.protocols.openai_resume import OpenAISplice
@@ -58,9 +58,7 @@ class AssemblyCodec(StreamCodec):
                 self.error = UpstreamError("engine sent a malformed event mid-stream")
                 return ERROR, b""
             if "error" in doc and not doc.get("choices"):
-                inner = doc["error"]
-                msg = inner.get("message") if isinstance(inner, dict) else inner
-                self.error = UpstreamError(f"engine error: {msg}")
+                self.error = stream_error(doc)
                 return ERROR, b""
         return CONTENT, b""
 

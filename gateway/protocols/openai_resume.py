@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UpstreamError
+from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec
 from gateway.relay.body import ParsedBody
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
@@ -162,9 +162,7 @@ class OpenAISplice(StreamCodec):
             return ERROR, self.error_event(self.error)
         choices = doc.get("choices")
         if "error" in doc and not choices:
-            inner = doc.get("error")
-            msg = inner.get("message") if isinstance(inner, dict) else inner
-            self.error = UpstreamError(f"engine error: {msg}")
+            self.error = stream_error(doc)
             return ERROR, self.error_event(self.error)
         if isinstance(choices, list) and choices:
             if _opening_only(choices):

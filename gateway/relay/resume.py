@@ -5,7 +5,8 @@ An unbroken stream costs what ``relay_events`` costs: nothing is parsed or accum
 way; ``relayed`` (references to the raw payloads sent) is read only after a break, by the
 protocol (``Protocol.resume_point``). What can be continued is decided then, by rule: the
 break must be one of the replica's (a reset, EOF without the last event, a stall, a malformed
-or error event; not the request's deadline, not an unreadable event), the pool must allow it
+or error event; not the request's deadline, not an unreadable event, not an in-stream error
+whose code is the client's 4xx, which is no replica's failure either), the pool must allow it
 (``resume.enabled``, ``resume.max_resumes``) and the protocol must say how (no ``n > 1``, no
 tool call under way, no finish relayed). Otherwise the stream ends as before, with one in-band
 error event of the protocol's kind.
@@ -64,6 +65,13 @@ async def relay_resumable(
         )
         if result.ok or result.error is None:
             return result
+        if result.reason == "client-error":
+            # the engine's in-stream 4xx: the request's fault, not a break of the replica's
+            # (not resumed, not its failure); ends in-band (an assembled answer: that 4xx)
+            if opened.span is not None:
+                opened.span.end("client-error", status=result.error.status)
+                opened.span = None
+            break
         _note_break(state, opened, result)
         reason = result.reason or "broken-stream"
         entry: dict[str, Any] = {"reason": reason, "from_tier": att.pool.tier}

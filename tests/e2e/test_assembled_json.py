@@ -110,3 +110,35 @@ def test_json_break_that_cannot_resume_is_a_502(stack: Stack) -> None:
         "model": MODEL, "messages": MSGS, "n": 2, "sim_faults": {"reset_after_chunks": 3}})
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_error"
+
+
+def _asked(stack: Stack, marker: str) -> int:
+    """How many upstream attempts carried ``marker`` in their messages."""
+    return sum(marker in str((r.get("body") or {}).get("messages")) for r in stack.sim_requests())
+
+
+@pytest.mark.parametrize("after", [0, 3])
+def test_in_stream_client_error_is_the_engines_4xx(stack: Stack, after: int) -> None:
+    """vLLM streams ``{"error": {..., "code": 400}}`` after its 200 when generation raises on
+    the request (its non-stream answer would be that HTTP 400): the JSON client gets the 400
+    in OpenAI's shape, not retried, not resumed, not the replica's failure."""
+    marker = f"client-error-{after}"
+    before = metric(stack, "speedgate_resumes_total")
+    for _ in range(3):
+        r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+            "model": MODEL, "messages": [{"role": "user", "content": marker}],
+            "sim_faults": {"error_after_chunks": after, "error_message": "invalid grammar"}})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"] == "invalid grammar" and err["type"] == "invalid_request_error"
+    assert _asked(stack, marker) == 3
+    assert metric(stack, "speedgate_resumes_total") == before
+
+
+def test_in_stream_server_error_is_still_retried(stack: Stack) -> None:
+    """A 5xx code in the error event stays the replica's fault: retried on the other one."""
+    r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "server-error"}],
+        "sim_faults": {"error_after_chunks": 0, "error_code": 500}})
+    assert r.status_code == 502, r.text
+    assert _asked(stack, "server-error") == 2

@@ -234,3 +234,25 @@ def test_continuations_do_not_spend_the_retry_budget(tmp_path) -> None:
         assert metric(s, "speedgate_resumes_total", outcome="failed") == 0
     finally:
         s.stop()
+
+
+def test_in_stream_client_error(stack: Stack) -> None:
+    """vLLM's in-stream error with a 4xx code is the request's fault: before the first content
+    event the client gets that 4xx (as the engine's HTTP error); after content, one in-band
+    error event; never retried nor resumed, never a replica failure."""
+    before = metric(stack, "speedgate_resumes_total")
+    body = {"model": MODEL, "stream": True,
+            "messages": [{"role": "user", "content": "in-stream 400 early"}],
+            "sim_faults": {"error_after_chunks": 0, "error_message": "invalid grammar"}}
+    r = httpx.post(stack.base_url + CHAT, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "invalid grammar"
+    out = run(stack, {"messages": [{"role": "user", "content": "in-stream 400 late"}],
+                      "sim_faults": {"chunks": CHUNKS, "error_after_chunks": 4,
+                                     "error_message": "invalid grammar"}})
+    assert out["text"] == "".join(CHUNKS[:4]) and out["done"] == 0
+    assert [e["message"] for e in out["errors"]] == ["invalid grammar"]
+    asked = [r for r in stack.sim_requests()
+             if "in-stream 400" in str((r.get("body") or {}).get("messages"))]
+    assert len(asked) == 2
+    assert metric(stack, "speedgate_resumes_total") == before
