@@ -105,11 +105,49 @@ def test_stalled_json_request_is_retried_by_stall_s(stack: Stack) -> None:
     assert got["usage"]["prompt_tokens"] > direct["usage"]["prompt_tokens"]
 
 
-def test_json_break_that_cannot_resume_is_a_502(stack: Stack) -> None:
+def test_json_break_that_cannot_resume_is_asked_again(stack: Stack) -> None:
+    """n=2 cannot be resumed: the break on one replica is asked again from scratch (nothing
+    reached the client), served by the replica that does not break."""
+    broken = stack.sims["standard"][0]
+    httpx.post(broken + "/sim/faults", json={"reset_after_chunks": 3})
+    try:
+        for i in range(4):
+            r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+                "model": MODEL, "n": 2,
+                "messages": [{"role": "user", "content": f"n2 fresh {i}"}]})
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            assert len(doc["choices"]) == 2
+            assert all(c["finish_reason"] and c["message"]["content"] for c in doc["choices"])
+            assert r.headers["x-speedgate-replica"].endswith("/1")
+    finally:
+        httpx.delete(broken + "/sim/faults")
+    on_broken = httpx.get(broken + "/sim/requests").json()
+    assert any("n2 fresh" in str((q.get("body") or {}).get("messages")) for q in on_broken)
+
+
+def test_json_break_that_cannot_resume_anywhere_is_a_502(stack: Stack) -> None:
     r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
-        "model": MODEL, "messages": MSGS, "n": 2, "sim_faults": {"reset_after_chunks": 3}})
+        "model": MODEL, "n": 2, "messages": [{"role": "user", "content": "n2 everywhere"}],
+        "sim_faults": {"reset_after_chunks": 3}})
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_error"
+    assert _asked(stack, "n2 everywhere") == 2  # once on each replica, never twice on one
+
+
+def test_json_complete_before_the_break_is_served(stack: Stack) -> None:
+    """The engine resets after the finish chunk (before usage and [DONE]): the answer is
+    complete, served with an estimated usage."""
+    chunks = ["The ", "answer ", "is ", "here."]
+    r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "finish then break"}],
+        "sim_faults": {"chunks": chunks, "reset_after_chunks": len(chunks)}})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["choices"][0]["message"]["content"] == "".join(chunks)
+    assert doc["choices"][0]["finish_reason"] == "stop"
+    assert doc["usage"]["completion_tokens"] > 0 and doc["usage"]["prompt_tokens"] > 0
+    assert _asked(stack, "finish then break") == 1
 
 
 def _asked(stack: Stack, marker: str) -> int:
