@@ -244,6 +244,8 @@ class CompletionsProtocol(ChatProtocol):
 
 def _assembled(body: ParsedBody) -> ParsedBody:
     """A non-stream request is streamed upstream and its JSON answer assembled by the gateway
-    (``gateway.protocols.openai_assemble``): staged timeouts and resume apply to it too."""
-    body.assemble = not body.stream
+    (``gateway.protocols.openai_assemble``): staged timeouts and resume apply to it too. Not
+    one asking for ``prompt_logprobs``: vLLM refuses them with ``stream: true`` (its request
+    validators in vllm/entrypoints/openai/protocol.py), so it goes upstream as JSON."""
+    body.assemble = not body.stream and body.doc.get("prompt_logprobs") is None
     return body

@@ -137,3 +137,20 @@ def test_assemble_merges_tool_calls_and_logprobs() -> None:
         "name": "f", "arguments": '{"a": 1}'}}]
     assert choice["logprobs"] == lp and choice["finish_reason"] == "tool_calls"
     assert doc["usage"]["total_tokens"] == 7 and doc["system_fingerprint"] == "fp"
+
+
+@pytest.mark.parametrize("proto, extra", [
+    (ChatProtocol(), {"messages": [{"role": "user", "content": "hi"}]}),
+    (CompletionsProtocol(), {"prompt": "hi"}),
+])
+def test_prompt_logprobs_go_upstream_as_json(proto, extra: dict) -> None:
+    """vLLM refuses prompt_logprobs with stream=True: such a request is not assembled."""
+    plain = proto.parse(orjson.dumps({"model": "m", **extra}))
+    assert plain.assemble
+    assert orjson.loads(proto.upstream_body(plain, "served"))["stream"] is True
+    for value in (0, 1):
+        body = proto.parse(orjson.dumps({"model": "m", "prompt_logprobs": value, **extra}))
+        assert not body.assemble and not body.upstream_stream
+        sent = orjson.loads(proto.upstream_body(body, "served"))
+        assert not sent.get("stream") and "stream_options" not in sent
+        assert sent["prompt_logprobs"] == value
