@@ -8,8 +8,9 @@ break must be one of the replica's (a reset, EOF without the last event, a stall
 or error event; not the request's deadline, not an unreadable event, not an in-stream error
 whose code is the client's 4xx, which is no replica's failure either), the pool must allow it
 (``resume.enabled``, ``resume.max_resumes``) and the protocol must say how (no ``n > 1``, no
-tool call under way, no finish relayed). Otherwise the stream ends as before, with one in-band
-error event of the protocol's kind.
+tool call under way, no finish relayed, no structured output). Otherwise the stream ends as
+before, with one in-band error event of the protocol's kind (a JSON answer the gateway
+assembles is asked again instead: ``gateway.relay.assembled``).
 """
 
 from __future__ import annotations

@@ -105,25 +105,33 @@ def test_stalled_json_request_is_retried_by_stall_s(stack: Stack) -> None:
     assert got["usage"]["prompt_tokens"] > direct["usage"]["prompt_tokens"]
 
 
-def test_json_break_that_cannot_resume_is_asked_again(stack: Stack) -> None:
-    """n=2 cannot be resumed: the break on one replica is asked again from scratch (nothing
-    reached the client), served by the replica that does not break."""
+@pytest.mark.parametrize("extra", [
+    {"n": 2},
+    {"response_format": {"type": "json_object"}},  # a grammar would restart: not continued
+])
+def test_json_break_that_cannot_resume_is_asked_again(stack: Stack, extra: dict) -> None:
+    """A break that cannot be resumed (n=2, structured output) on one replica is asked again
+    from scratch (nothing reached the client), served by the replica that does not break."""
     broken = stack.sims["standard"][0]
+    marker = f"fresh {sorted(extra)}"
+    before = metric(stack, "speedgate_resumes_total", outcome="refused")
     httpx.post(broken + "/sim/faults", json={"reset_after_chunks": 3})
     try:
         for i in range(4):
             r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
-                "model": MODEL, "n": 2,
-                "messages": [{"role": "user", "content": f"n2 fresh {i}"}]})
+                "model": MODEL, **extra,
+                "messages": [{"role": "user", "content": f"{marker} {i}"}]})
             assert r.status_code == 200, r.text
             doc = r.json()
-            assert len(doc["choices"]) == 2
+            assert len(doc["choices"]) == extra.get("n", 1)
             assert all(c["finish_reason"] and c["message"]["content"] for c in doc["choices"])
             assert r.headers["x-speedgate-replica"].endswith("/1")
     finally:
         httpx.delete(broken + "/sim/faults")
-    on_broken = httpx.get(broken + "/sim/requests").json()
-    assert any("n2 fresh" in str((q.get("body") or {}).get("messages")) for q in on_broken)
+    on_broken = [q for q in httpx.get(broken + "/sim/requests").json()
+                 if marker in str((q.get("body") or {}).get("messages"))]
+    assert on_broken and not any(q["body"].get("continue_final_message") for q in on_broken)
+    assert metric(stack, "speedgate_resumes_total", outcome="refused") == before + len(on_broken)
 
 
 def test_json_break_that_cannot_resume_anywhere_is_a_502(stack: Stack) -> None:

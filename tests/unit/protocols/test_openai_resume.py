@@ -45,6 +45,16 @@ def test_resume_point_rebuilds_text_and_reasoning_only_on_demand() -> None:
     ({}, [chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f"}}]})],
      "tool-call"),
     ({}, [chunk({"content": "a"}, finish="stop")], "finished"),
+    ({"response_format": {"type": "json_object"}}, [chunk({"content": "{"})],
+     "structured-output"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+     [chunk({"content": "{"})], "structured-output"),
+    ({"guided_json": {"type": "object"}}, [chunk({"content": "{"})], "structured-output"),
+    ({"guided_regex": "[a-z]+"}, [chunk({"content": "a"})], "structured-output"),
+    ({"guided_choice": ["yes", "no"]}, [chunk({"content": "y"})], "structured-output"),
+    ({"guided_grammar": "root ::= 'a'"}, [chunk({"content": "a"})], "structured-output"),
+    ({"structured_outputs": {"json": {}}}, [chunk({"content": "{"})], "structured-output"),
+    ({"response_format": {"type": "text"}}, [chunk({"content": "a"})], None),
 ])
 def test_what_cannot_be_resumed_is_named(doc: dict, relayed: list[bytes], blocker: str) -> None:
     assert ChatProtocol().resume_point(chat_body(**doc), relayed).blocker == blocker
