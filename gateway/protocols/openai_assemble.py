@@ -32,14 +32,16 @@ class AssemblyCodec(StreamCodec):
     """Codec of an upstream stream that becomes one JSON answer: nothing is sent to the client
     until the end, so no event is rewritten; ``[DONE]`` ends it, an event that is not a JSON
     object (first and last byte) or that is an engine error is an error (parsed only then).
-    ``rewriter`` and ``strip_usage`` serve a continuation's splice (``OpenAISplice``)."""
+    ``rewriter`` and ``strip_usage`` serve a continuation's splice (``OpenAISplice``): usage is
+    kept, so a continuation's usage chunk is relayed and its ``prompt_tokens_details`` and
+    ``system_fingerprint`` reach the assembled answer (the usage summed over the attempts)."""
 
     __slots__ = ("rewriter", "strip_usage")
 
     def __init__(self, rewriter: Any) -> None:
         super().__init__()
         self.rewriter = rewriter
-        self.strip_usage = True
+        self.strip_usage = False
 
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data

@@ -188,3 +188,20 @@ def test_in_stream_server_error_is_still_retried(stack: Stack) -> None:
         "sim_faults": {"error_after_chunks": 0, "error_code": 500}})
     assert r.status_code == 502, r.text
     assert _asked(stack, "server-error") == 2
+
+
+def test_resumed_json_keeps_the_engines_fields(stack: Stack) -> None:
+    """A resumed JSON answer has the fields of an unbroken one: ``system_fingerprint`` and
+    ``usage.prompt_tokens_details`` (its cached tokens the finishing attempt's)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "fields after resume"}]}
+    direct = httpx.post(stack.sims["standard"][0] + "/v1/chat/completions", json=body,
+                        timeout=30).json()
+    r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30,
+                   json={**body, "sim_faults": {"reset_after_chunks": 14}})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert got["system_fingerprint"] == direct["system_fingerprint"]
+    assert set(got["usage"]["prompt_tokens_details"]) == set(
+        direct["usage"]["prompt_tokens_details"])
+    assert got["usage"]["prompt_tokens"] > direct["usage"]["prompt_tokens"]
