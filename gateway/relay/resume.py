@@ -52,7 +52,10 @@ async def relay_resumable(
     after each break the continuation that takes over (appended to ``attempts``; the caller
     closes them all, each is closed here once it broke). Returns the last attempt's result; on
     failure its in-band error event has been sent. Records each break in ``rec.resumes`` and
-    ``speedgate_resumes_total``, and the broken replica's failure for outlier ejection."""
+    ``speedgate_resumes_total``, and the broken replica's failure for outlier ejection; a
+    continuation on another tier in ``rec.fallback`` (``<tier>:resume-<reason>``: the access
+    log, and ``x-speedgate-fallback`` of a JSON answer, whose headers are not sent yet) and
+    ``speedgate_fallbacks_total``."""
     current = codec
     carried: list[int] = []  # output tokens (estimated) of each broken attempt
     before = 0
@@ -102,6 +105,11 @@ async def relay_resumable(
         carried.append(max(0, point.tokens - before))
         before = point.tokens
         entry.update(outcome="resumed", to_tier=nxt.attempt.pool.tier)
+        if nxt.attempt.pool.tier != att.pool.tier:  # a fallback, as failover records one
+            note = f"{att.pool.tier}:resume-{reason}"
+            rec.fallback = f"{rec.fallback},{note}" if rec.fallback else note
+            state.metrics.record_fallback(res.plan.request.model_name, att.pool.tier,
+                                          nxt.attempt.pool.tier)
         state.metrics.record_resume(att.pool, reason, "resumed")
         attempts.append(nxt)
         current = codec.continuation(point, carried)

@@ -206,6 +206,12 @@ def test_json_answer_resumed_across_the_chain_names_the_tier_that_finished(stack
     assert doc["choices"][0]["message"]["content"] == FULL
     assert r.headers["x-speedgate-tier"] == "standard" and doc["service_tier"] == "default"
     assert r.headers["x-speedgate-replica"].startswith(f"{MODEL}/standard/")
+    # the tier changed during a resume: a fallback, named in the header and the access log
+    assert r.headers["x-speedgate-fallback"] == "fast:resume-broken-stream"
+    rid = r.headers["x-request-id"]
+    logged = [ln for ln in stack.log_path.read_text().splitlines()
+              if rid in ln and "fallback=" in ln]
+    assert logged and "fast:resume-broken-stream" in logged[-1]
 
 
 def test_content_before_a_tool_call_resumes(stack: Stack) -> None:
