@@ -30,6 +30,7 @@ from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import estimate_usage
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import OpenedResponse
+from gateway.upstream.client import forget_traceback
 from gateway.upstream.continuation import Resumption
 from gateway.upstream.deadline import ClientTimeouts
 from gateway.upstream.failover import open_with_failover
@@ -58,6 +59,29 @@ async def assemble_json(
     caller closes them all and reads the last one's pool and replica); ``relayed`` then holds
     only its payloads. An engine that answered the fresh attempt with a JSON body is served
     as is. Raises the last failure's ``GatewayError`` (e.g. 502, 504) when no answer came."""
+    out = await _assemble(state, plan, attempts, body, protocol, rec, trace, relayed, rewrite)
+    if isinstance(out, GatewayError):
+        # raised from here, with no local left holding it: a frame of its own traceback that
+        # held the error would make a reference cycle per failed request
+        try:
+            raise out
+        finally:
+            del out
+    return out
+
+
+async def _assemble(
+    state: GatewayState,
+    plan: Plan,
+    attempts: list[OpenedResponse],
+    body: ParsedBody,
+    protocol: Protocol,
+    rec: RequestRecord,
+    trace: RequestTrace,
+    relayed: list[bytes],
+    rewrite: Rewrite,
+) -> tuple[dict[str, Any], float] | GatewayError:
+    """``assemble_json``'s answer, or the error to raise."""
     fresh = 0
     while True:
         opened = attempts[-1]
@@ -78,14 +102,14 @@ async def assemble_json(
         assert err is not None
         last = rec.resumes[-1] if rec.resumes else {}
         if result.reason == "client-error" or last.get("outcome") != "refused":
-            raise err  # the client's 4xx, or no replica could continue it (nor would start it)
+            return err  # the client's 4xx, or no replica could continue it (nor would start it)
         if _finished(body, relayed):
             return await _complete(body, protocol, rec, relayed), time.monotonic() - t0
         pool = attempts[-1].attempt.pool
         loop = asyncio.get_running_loop()
         if (last.get("rule") in NOT_RETRIED or fresh >= MAX_FRESH
                 or loop.time() >= att.deadline or not pool.budget.try_acquire(loop.time())):
-            raise err
+            return err
         fresh += 1
         reason = f"fresh-after-{last.get('rule')}"
         rec.retries.append(reason)
@@ -98,8 +122,9 @@ async def assemble_json(
         try:
             nxt = await open_with_failover(state, plan, body, protocol, rec, trace, timeouts,
                                            avoid=[a.attempt.replica for a in attempts])
-        except GatewayError:
-            raise err from None
+        except GatewayError as e:
+            forget_traceback(e)  # converted: the first failure is the one the client gets
+            return err
         attempts.append(nxt)
 
 
