@@ -211,6 +211,31 @@ def parse_engine_error(
     )
 
 
+def stream_error(doc: dict[str, Any]) -> GatewayError:
+    """The client-facing error for an engine's in-stream ``{"error": {...}}`` event (OpenAI
+    shape; vLLM sends it after a 200 when generation raises: ``create_streaming_error_response``
+    in vllm/entrypoints/openai/serving_engine.py, ``code`` the HTTP status it would have
+    answered). A ``code`` of 400-499 other than 408/429 is the client's fault: the
+    ``EngineClientError`` the engine's HTTP answer would have given (``parse_engine_error``:
+    its status, message, type and code), never retried nor counted against the replica.
+    Anything else (5xx, no code) is the replica's: ``UpstreamError`` (502) with the message."""
+    inner = doc.get("error")
+    code = inner.get("code") if isinstance(inner, dict) else None
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    if type(code) is int and 400 <= code < 500 and code not in (408, 429):
+        return parse_engine_error(code, orjson.dumps(doc))
+    message = inner.get("message") if isinstance(inner, dict) else inner
+    return UpstreamError(f"engine error: {message if isinstance(message, str) else inner}")
+
+
+def is_client_fault(err: GatewayError | None) -> bool:
+    """True for an engine's 4xx that is the client's (not 408/429): not retried, not resumed,
+    not the replica's failure."""
+    return isinstance(err, EngineClientError) and 400 <= err.status < 500 and err.status not in (
+        408, 429)
+
+
 #: ``code`` of an engine 4xx that names none (vLLM sends ``code: 404``, an int): the snake_case
 #: name of the HTTP status (RFC 9110 §15.5), as the gateway's own errors use (``not_found``).
 _STATUS_CODES = {

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +32,7 @@ from gateway.errors import GatewayError
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
 from gateway.protocols.base import Protocol, Rewrite, StreamCodec
+from gateway.relay.assembled import assemble_json
 from gateway.relay.body import ParsedBody
 from gateway.relay.resume import relay_resumable
 from gateway.relay.stream import SSE_HEADERS
@@ -238,8 +238,8 @@ class Endpoint:
         if not body.stream:
             doc, elapsed_s = opened.doc, opened.ttft_s
             if doc is None:  # a JSON answer assembled from the engine's stream
-                doc, elapsed_s = await self._assemble(plan, attempts, body, rec, trace, relayed,
-                                                      rewrite)
+                doc, elapsed_s = await assemble_json(self.state, plan, attempts, body, protocol,
+                                                     rec, trace, relayed, rewrite)
                 last = attempts[-1].attempt  # resumed: the pool and replica that finished it
                 pool = last.pool
                 rewrite = Rewrite(pool.config.served_model_name, plan.request.model_name,
@@ -274,34 +274,6 @@ class Endpoint:
         rec.outcome = result.error.code
         return None
 
-    async def _assemble(
-        self,
-        plan: Plan,
-        attempts: list[OpenedResponse],
-        body: ParsedBody,
-        rec: RequestRecord,
-        trace: RequestTrace,
-        relayed: list[bytes],
-        rewrite: Rewrite,
-    ) -> tuple[dict[str, Any], float]:
-        """The JSON answer of a non-stream request, assembled from the engine's stream (with
-        its stall timeout and mid-stream resume: nothing reached the client yet), and the
-        upstream seconds it took. Raises the stream's failure (e.g. 502, 504)."""
-        opened = attempts[0]
-        codec = self.protocol.assembler(body, rewrite)
-        assert codec is not None
-        att = opened.attempt
-        t0 = time.monotonic() - opened.ttft_s
-        res = Resumption(plan, att.deadline, att.total_s, att.read_s)
-        result = await relay_resumable(
-            _discard, self.state, res, attempts, codec,
-            body=body, protocol=self.protocol, rec=rec, trace=trace, relayed=relayed,
-        )
-        if not result.ok:
-            assert result.error is not None
-            raise result.error
-        return self.protocol.assemble(relayed, result.usage), time.monotonic() - t0
-
     async def _send_error(
         self,
         send: Any,
@@ -327,10 +299,6 @@ class Endpoint:
         if rec.queue_wait_s is not None:  # waited in the gateway queue of a saturated pool
             out.append((b"x-speedgate-queue-wait-s", f"{rec.queue_wait_s:.4f}".encode()))
         return out
-
-
-async def _discard(message: Any) -> None:
-    """An ASGI ``send`` that drops what it is given (an assembled answer's stream events)."""
 
 
 def session_id_of(scope: Scope) -> str | None:

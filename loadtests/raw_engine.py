@@ -12,9 +12,12 @@ against it. This server does almost nothing: an ``asyncio.Protocol`` on uvloop p
 - any other ``POST``: one ``chat.completion`` JSON document with usage;
 - a ``POST`` whose body has ``"user": "hold"``: the stream's headers and role chunk, then
   nothing until the client closes the connection (open-stream memory measurements);
+- a ``POST`` whose body has ``"user": "reset"``: the stream's headers and role chunk, then the
+  connection closed mid-body (an engine that dies mid-stream: the client reads a cut chunked
+  body);
 - ``GET /health`` (and any other ``GET``): ``200`` empty.
 
-The body is never parsed as JSON: the three flags are byte patterns (``"stream":true`` with
+The body is never parsed as JSON: the flags are byte patterns (``"stream":true`` with
 optional whitespace). Answers carry ``--served-model-name`` as ``model``.
 
 Run: ``python -m loadtests.raw_engine --port 0 --port-file PATH`` (binds the port, writes it to
@@ -35,6 +38,7 @@ from engines.procs import die_with_parent, write_port_file
 _STREAM = re.compile(rb'"stream"\s*:\s*true')
 _USAGE = re.compile(rb'"include_usage"\s*:\s*true')
 _HOLD = re.compile(rb'"user"\s*:\s*"hold"')
+_RESET = re.compile(rb'"user"\s*:\s*"reset"')
 _CREATED = 1_700_000_000
 
 
@@ -137,12 +141,21 @@ class RawHTTP(asyncio.Protocol):
         a = self.answers
         if not head.startswith(b"POST "):
             return a.ok
+        if _RESET.search(body) is not None:
+            self.holding = True  # no further request on this connection
+            asyncio.get_running_loop().call_soon(self._cut)
+            return a.hold
         if _STREAM.search(body) is None:
             return a.json
         if _HOLD.search(body) is not None:
             self.holding = True  # until the client closes the connection
             return a.hold
         return a.stream_usage if _USAGE.search(body) is not None else a.stream
+
+    def _cut(self) -> None:
+        """Close the connection after what was written (mid-body: a cut stream)."""
+        if self.transport is not None:
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None

@@ -40,6 +40,10 @@ class Faults(BaseModel):
     # connection and protocol faults
     reset_after_chunks: int | None = Field(None, ge=0, description="abort TCP after N events")
     malformed_after_chunks: int | None = Field(None, ge=0)
+    error_after_chunks: int | None = Field(
+        None, ge=0, description="vLLM's in-stream error event after N events, then [DONE] "
+        "(what vLLM streams when generation raises after its 200); non-stream: HTTP error_code")
+    error_code: int = Field(400, ge=400, le=599, description="code of error_after_chunks")
     status: int | None = Field(None, ge=100, le=599)
     retry_after: float | None = Field(None, ge=0)
     error_message: str | None = None
@@ -73,6 +77,7 @@ class Faults(BaseModel):
             or self.stall_after_chunks is not None
             or self.reset_after_chunks is not None
             or self.malformed_after_chunks is not None
+            or self.error_after_chunks is not None
         )
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from engines.sim import protocol as P
 from engines.sim.plans import Plan
 from engines.sim.request import RequestContext
-from engines.sim.sse import MALFORMED, ConnectionReset, EventWriter
+from engines.sim.sse import MALFORMED, ConnectionReset, ErrorEventSent, EventWriter
 
 Deliveries = AsyncIterator[list[tuple[int, int, bool]]]
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
@@ -105,6 +105,9 @@ async def respond_stream(request: web.Request, ctx: RequestContext, deliveries: 
             await w.event(b.usage_chunk())
         await w.done()
         await resp.write_eof()
+    except ErrorEventSent:
+        ctx.reset = True  # not completed
+        await resp.write_eof()
     except ConnectionReset:
         ctx.reset = True
     finally:
@@ -116,7 +119,8 @@ async def collect(
     request: web.Request, ctx: RequestContext, deliveries: Deliveries
 ) -> web.Response | None:
     """Wait for every choice of a non-streamed request, then apply the stream faults to the
-    whole body: a stall, a reset (raises ``ConnectionReset``), a malformed body (returned).
+    whole body: a stall, an engine error (its HTTP answer, returned), a reset (raises
+    ``ConnectionReset``), a malformed body (returned).
     None: answer normally."""
     faults, plans = ctx.faults, ctx.plans
     try:
@@ -129,6 +133,10 @@ async def collect(
         await deliveries.aclose()  # type: ignore[attr-defined]
     if faults.stall_after_chunks is not None and faults.stall_s:
         await asyncio.sleep(faults.stall_s)
+    if faults.error_after_chunks is not None:  # vLLM's full generator: the HTTP error
+        body = P.error_body(faults.error_message or "error during generation", faults.error_code,
+                            type_=faults.error_type)
+        return web.Response(status=faults.error_code, body=body, content_type="application/json")
     if faults.reset_after_chunks is not None:
         ctx.reset = True
         if request.transport is not None:

@@ -14,6 +14,7 @@ import re
 from aiohttp import web
 
 from engines.sim.faults import Faults
+from engines.sim.protocol import error_body
 
 MALFORMED = b'data: {"id": broken'
 _LEAD = re.compile(rb"[\xc0-\xff]")  # lead byte of a multi-byte UTF-8 character
@@ -21,6 +22,11 @@ _LEAD = re.compile(rb"[\xc0-\xff]")  # lead byte of a multi-byte UTF-8 character
 
 class ConnectionReset(Exception):
     """Raised after the writer aborted the TCP connection (fault ``reset_after_chunks``)."""
+
+
+class ErrorEventSent(ConnectionReset):
+    """Raised after the writer sent vLLM's in-stream error event and ``[DONE]`` (fault
+    ``error_after_chunks``): generation stops; the stream is otherwise well formed."""
 
 
 def utf8_cuts(data: bytes) -> list[int]:
@@ -79,6 +85,12 @@ class EventWriter:
             await self.resp.write(MALFORMED + self._sep)
         if f.stall_after_chunks == n and f.stall_s:
             await asyncio.sleep(f.stall_s)
+        if f.error_after_chunks == n:
+            # vLLM's create_streaming_error_response: {"error": {..., "code": status}}
+            err = error_body(f.error_message or "error during generation", f.error_code,
+                             type_=f.error_type)
+            await self.resp.write(b"data: " + err + self._sep + b"data: [DONE]" + self._sep)
+            raise ErrorEventSent
         if f.reset_after_chunks == n:
             transport = self.request.transport
             if transport is not None:

@@ -96,7 +96,9 @@ class ResumePoint:
     the stream's ``id`` and ``created`` as the client saw them, and ``blocker``: why it cannot
     be continued (None: it can) — ``protocol`` (the API has no continuation), ``n>1``,
     ``tool-call`` (a tool call had started: its arguments cannot be continued), ``finished``
-    (a finish reason was relayed), ``echo``, ``prompt`` (not a single text prompt)."""
+    (a finish reason was relayed), ``echo``, ``prompt`` (not a single text prompt),
+    ``structured-output`` (a JSON schema, regex, choice or grammar constrains the output: the
+    engine's grammar would start again at the continuation, so the whole would not match)."""
 
     text: str = ""
     reasoning: str = ""

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UpstreamError
+from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, ResumePoint, StreamCodec
 from gateway.protocols.errors import OPENAI_ERRORS
 from gateway.protocols.openai_resume import OpenAISplice
@@ -32,14 +32,16 @@ class AssemblyCodec(StreamCodec):
     """Codec of an upstream stream that becomes one JSON answer: nothing is sent to the client
     until the end, so no event is rewritten; ``[DONE]`` ends it, an event that is not a JSON
     object (first and last byte) or that is an engine error is an error (parsed only then).
-    ``rewriter`` and ``strip_usage`` serve a continuation's splice (``OpenAISplice``)."""
+    ``rewriter`` and ``strip_usage`` serve a continuation's splice (``OpenAISplice``): usage is
+    kept, so a continuation's usage chunk is relayed and its ``prompt_tokens_details`` and
+    ``system_fingerprint`` reach the assembled answer (the usage summed over the attempts)."""
 
     __slots__ = ("rewriter", "strip_usage")
 
     def __init__(self, rewriter: Any) -> None:
         super().__init__()
         self.rewriter = rewriter
-        self.strip_usage = True
+        self.strip_usage = False
 
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data
@@ -58,9 +60,7 @@ class AssemblyCodec(StreamCodec):
                 self.error = UpstreamError("engine sent a malformed event mid-stream")
                 return ERROR, b""
             if "error" in doc and not doc.get("choices"):
-                inner = doc["error"]
-                msg = inner.get("message") if isinstance(inner, dict) else inner
-                self.error = UpstreamError(f"engine error: {msg}")
+                self.error = stream_error(doc)
                 return ERROR, b""
         return CONTENT, b""
 

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UpstreamError
+from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import (
     CONTENT,
     DONE,
@@ -80,12 +80,10 @@ class ChunkRewriter:
         return orjson.dumps(doc)
 
 
-def engine_error(doc: dict[str, Any]) -> UpstreamError:
-    """The client-facing error for an engine's in-band ``{"error": {...}}`` event (its
-    message kept, type ``server_error``, code ``upstream_error``)."""
-    inner = doc.get("error")
-    message = inner.get("message") if isinstance(inner, dict) else None
-    return UpstreamError(f"engine error: {message if isinstance(message, str) else inner}")
+def engine_error(doc: dict[str, Any]) -> GatewayError:
+    """The client-facing error for an engine's in-band ``{"error": {...}}`` event: the
+    client's 4xx when its ``code`` says so, else 502 ``upstream_error`` (``stream_error``)."""
+    return stream_error(doc)
 
 
 def is_content(doc: dict[str, Any]) -> bool:
@@ -246,6 +244,8 @@ class CompletionsProtocol(ChatProtocol):
 
 def _assembled(body: ParsedBody) -> ParsedBody:
     """A non-stream request is streamed upstream and its JSON answer assembled by the gateway
-    (``gateway.protocols.openai_assemble``): staged timeouts and resume apply to it too."""
-    body.assemble = not body.stream
+    (``gateway.protocols.openai_assemble``): staged timeouts and resume apply to it too. Not
+    one asking for ``prompt_logprobs``: vLLM refuses them with ``stream: true`` (its request
+    validators in vllm/entrypoints/openai/protocol.py), so it goes upstream as JSON."""
+    body.assemble = not body.stream and body.doc.get("prompt_logprobs") is None
     return body

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UpstreamError
+from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec
 from gateway.relay.body import ParsedBody
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
@@ -36,6 +36,8 @@ def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> Resum
     point = ResumePoint()
     if (doc.get("n") or 1) != 1 or (not chat and (doc.get("best_of") or 1) != 1):
         point.blocker = "n>1"
+    elif is_structured(doc):
+        point.blocker = "structured-output"
     elif not chat and doc.get("echo"):
         point.blocker = "echo"
     elif not chat and not isinstance(doc.get("prompt"), str):
@@ -75,6 +77,23 @@ def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> Resum
     point.text, point.reasoning = "".join(text), "".join(reasoning)
     point.tokens = count_text(point.text) + count_text(point.reasoning)
     return point
+
+
+# vLLM's constrained decoding: its older ``guided_*`` fields and ``structured_outputs``
+# (vllm/entrypoints/openai/protocol.py), besides OpenAI's ``response_format``
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                 "structured_outputs")
+
+
+def is_structured(doc: dict[str, Any]) -> bool:
+    """True when the request constrains its output: ``response_format`` of type
+    ``json_schema``/``json_object`` (``text`` does not), or any of ``GUIDED_FIELDS`` set.
+    Such a stream is not continued with ``continue_final_message``: the engine's grammar
+    restarts at the continuation (it would open a second JSON value mid-way)."""
+    fmt = doc.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return True
+    return any(doc.get(key) is not None for key in GUIDED_FIELDS)
 
 
 def continuation_body(
@@ -162,9 +181,7 @@ class OpenAISplice(StreamCodec):
             return ERROR, self.error_event(self.error)
         choices = doc.get("choices")
         if "error" in doc and not choices:
-            inner = doc.get("error")
-            msg = inner.get("message") if isinstance(inner, dict) else inner
-            self.error = UpstreamError(f"engine error: {msg}")
+            self.error = stream_error(doc)
             return ERROR, self.error_event(self.error)
         if isinstance(choices, list) and choices:
             if _opening_only(choices):

@@ -5,10 +5,12 @@ An unbroken stream costs what ``relay_events`` costs: nothing is parsed or accum
 way; ``relayed`` (references to the raw payloads sent) is read only after a break, by the
 protocol (``Protocol.resume_point``). What can be continued is decided then, by rule: the
 break must be one of the replica's (a reset, EOF without the last event, a stall, a malformed
-or error event; not the request's deadline, not an unreadable event), the pool must allow it
+or error event; not the request's deadline, not an unreadable event, not an in-stream error
+whose code is the client's 4xx, which is no replica's failure either), the pool must allow it
 (``resume.enabled``, ``resume.max_resumes``) and the protocol must say how (no ``n > 1``, no
-tool call under way, no finish relayed). Otherwise the stream ends as before, with one in-band
-error event of the protocol's kind.
+tool call under way, no finish relayed, no structured output). Otherwise the stream ends as
+before, with one in-band error event of the protocol's kind (a JSON answer the gateway
+assembles is asked again instead: ``gateway.relay.assembled``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ async def relay_resumable(
     after each break the continuation that takes over (appended to ``attempts``; the caller
     closes them all, each is closed here once it broke). Returns the last attempt's result; on
     failure its in-band error event has been sent. Records each break in ``rec.resumes`` and
-    ``speedgate_resumes_total``, and the broken replica's failure for outlier ejection."""
+    ``speedgate_resumes_total``, and the broken replica's failure for outlier ejection; a
+    continuation on another tier in ``rec.fallback`` (``<tier>:resume-<reason>``: the access
+    log, and ``x-speedgate-fallback`` of a JSON answer, whose headers are not sent yet) and
+    ``speedgate_fallbacks_total``."""
     current = codec
     carried: list[int] = []  # output tokens (estimated) of each broken attempt
     before = 0
@@ -64,6 +69,13 @@ async def relay_resumable(
         )
         if result.ok or result.error is None:
             return result
+        if result.reason == "client-error":
+            # the engine's in-stream 4xx: the request's fault, not a break of the replica's
+            # (not resumed, not its failure); ends in-band (an assembled answer: that 4xx)
+            if opened.span is not None:
+                opened.span.end("client-error", status=result.error.status)
+                opened.span = None
+            break
         _note_break(state, opened, result)
         reason = result.reason or "broken-stream"
         entry: dict[str, Any] = {"reason": reason, "from_tier": att.pool.tier}
@@ -83,16 +95,21 @@ async def relay_resumable(
         res.failed.append(att.replica)
         nxt = await open_continuation(state, res, att.pool, body, protocol, point, rec, trace)
         if nxt is None:
-            entry["outcome"] = "failed"
+            entry.update(outcome="failed", rule=res.stopped or "no-replica")
             state.metrics.record_resume(att.pool, reason, "failed")
             log.warning("request %s: stream broke (%s) on %s and no replica could continue "
-                        "it (retries %s)", rec.request_id, reason, att.replica.name,
-                        ",".join(rec.retries) or "none")
+                        "it: %s (retries %s)", rec.request_id, reason, att.replica.name,
+                        entry["rule"], ",".join(rec.retries) or "none")
             break
         opened.close()
         carried.append(max(0, point.tokens - before))
         before = point.tokens
         entry.update(outcome="resumed", to_tier=nxt.attempt.pool.tier)
+        if nxt.attempt.pool.tier != att.pool.tier:  # a fallback, as failover records one
+            note = f"{att.pool.tier}:resume-{reason}"
+            rec.fallback = f"{rec.fallback},{note}" if rec.fallback else note
+            state.metrics.record_fallback(res.plan.request.model_name, att.pool.tier,
+                                          nxt.attempt.pool.tier)
         state.metrics.record_resume(att.pool, reason, "resumed")
         attempts.append(nxt)
         current = codec.continuation(point, carried)

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UnreadableResponse, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    GatewayError,
+    UnreadableResponse,
+    UpstreamError,
+    UpstreamTimeout,
+    is_client_fault,
+)
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, StreamCodec, json_object
 from gateway.relay.sse import SSEEvent
 from gateway.telemetry.histograms import GapTimer
@@ -39,7 +45,7 @@ class StreamResult:
     usage: Usage | None = None
     error: GatewayError | None = None
     events: int = 0
-    reason: str | None = None  # how it broke: broken-stream, eof, stall-timeout, ...
+    reason: str | None = None  # how it broke: broken-stream, eof, stall-timeout, client-error
     error_event: bytes = b""  # the in-band error event for ``error`` (sent unless resumed)
 
 
@@ -96,7 +102,8 @@ async def relay_events(
                 return True
             elif verdict == ERROR:
                 result.error = codec.error
-                result.reason = "engine-error" if json_object(ev.data) else "malformed"
+                result.reason = ("client-error" if is_client_fault(codec.error) else
+                                 "engine-error" if json_object(ev.data) else "malformed")
                 result.error_event = data
                 if end_on_error:
                     out.append(data)

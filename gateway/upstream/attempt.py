@@ -25,6 +25,7 @@ from gateway.errors import (
     UnreadableResponse,
     UpstreamError,
     UpstreamTimeout,
+    is_client_fault,
     parse_engine_error,
 )
 from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_MALFORMED, Protocol
@@ -201,7 +202,8 @@ async def _read_until_content(
     """Data events up to the first content event (``protocol.head_kind``), plus any that
     arrived in the same read (comments dropped). Until then nothing is sent to the client, so a
     failure here can still be retried: an engine error event (``engine-error``) or an event
-    that is not one of the protocol's (``malformed``)."""
+    that is not one of the protocol's (``malformed``); an error event whose code is the
+    client's 4xx (``is_client_fault``) is raised as that ``EngineClientError``."""
     head: list[SSEEvent] = []
     async for batch in batches:
         found = False
@@ -211,8 +213,10 @@ async def _read_until_content(
             if not found:
                 kind, err = protocol.head_kind(ev)
                 if kind == HEAD_ERROR:
-                    # the engine failed before any output: another replica may still serve
                     assert err is not None
+                    if is_client_fault(err):  # the request's fault (vLLM: code 400 after a
+                        raise err  # 200): answered as the engine's HTTP 4xx, not retried
+                    # the engine failed before any output: another replica may still serve
                     raise RetryableFailure("engine-error", err)
                 if kind == HEAD_MALFORMED:
                     raise RetryableFailure(

@@ -90,6 +90,7 @@ class UpstreamResponse:
         soon as it is complete."""
         parser = SSEParser()
         content = self._resp.content
+        broken: str | None = None
         try:
             while True:
                 chunk = await content.readany()
@@ -104,9 +105,15 @@ class UpstreamResponse:
             if tail:
                 yield tail
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as e:
-            raise UpstreamBrokenError(type(e).__name__) from None
+            # a reset: aiohttp's StreamReader keeps the exception, whose traceback frames hold
+            # the reader (a reference cycle per reset, left to the cyclic collector): drop the
+            # tracebacks of the chain and raise ours outside the handler (no ``__context__``)
+            broken = type(e).__name__
+            forget_traceback(e)
         except EventTooLarge as e:  # the same bytes on any replica: not worth a retry
             raise UpstreamUnreadable(str(e)) from None
+        if broken is not None:
+            raise UpstreamBrokenError(broken)
         if parser.has_partial:
             raise UpstreamBrokenError("stream ended inside an event")
 
@@ -114,6 +121,21 @@ class UpstreamResponse:
         """Release the response. Before its end this closes the connection (engine aborts)."""
         if not self._resp.closed:
             self._resp.close()
+
+
+def forget_traceback(exc: BaseException) -> None:
+    """Clear ``__traceback__`` of ``exc`` and of every exception chained to it (``__cause__``,
+    ``__context__``), once the gateway converted it into its own: the frames a traceback holds
+    often hold the object that keeps the exception (a reference cycle per failure)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += (e.__cause__, e.__context__)
 
 
 class Upstream:

@@ -1,7 +1,10 @@
 """Open the continuation of a stream that broke after content reached the client (mid-stream
 resume, README "Guarantees"): the same pool first, then the pools after it in the plan's
 fallback chain; never a replica that already failed this request; within the request's
-deadline and each pool's retry budget; pools with ``resume.enabled: false`` skipped.
+deadline; pools with ``resume.enabled: false`` skipped. Continuations are bounded by
+``resume.max_resumes`` per request (``gateway.relay.resume``), not by the pools' retry budgets:
+when a replica dies with many streams open, every one of them must be able to continue, and the
+budget (meant to stop retry storms of fresh requests) would refuse most of them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Resumption:
     total_s: float
     read_s: float | None = None
     failed: list[Replica] = field(default_factory=list)
+    stopped: str = ""  # why the last continuation could not open (logs, ``rec.resumes``)
 
 
 async def open_continuation(
@@ -48,13 +52,14 @@ async def open_continuation(
     trace: RequestTrace,
 ) -> OpenedResponse | None:
     """The first continuation attempt that produced a first content event, or None when none
-    could (every replica failed or was excluded, the retry budgets are spent, the deadline
-    passed, or an engine refused the continuation with a 4xx). When no replica is usable at
-    the moment (restarting, unhealthy, ejected) it waits a full-jitter backoff (at least
-    ``MIN_WAIT_S``) and looks again, ``MAX_ROUNDS`` times at most. Each attempt is one
-    retry of its pool's budget, counted in ``rec.attempts`` and ``rec.retries`` (reason
-    ``resume``) and the attempt metrics; ``rec.served_tier`` and ``rec.replica`` follow the
-    replica that took over."""
+    could; then ``res.stopped`` names what stopped it: ``deadline``, ``no-replica`` (every
+    replica failed this request or was excluded, or none became usable in ``MAX_ROUNDS``
+    looks), ``client-error`` (an engine refused the continuation with a 4xx) or
+    ``total-timeout``. When no replica is usable at the moment (restarting, unhealthy, ejected)
+    it waits a full-jitter backoff (at least ``MIN_WAIT_S``) and looks again. Attempts are
+    counted in ``rec.attempts`` and ``rec.retries`` (reason ``resume``) and the retry and
+    attempt metrics, but take nothing from the pools' retry budgets; ``rec.served_tier`` and
+    ``rec.replica`` follow the replica that took over."""
     loop = asyncio.get_running_loop()
     chain = res.plan.chain
     start = chain.index(broken) if broken in chain else 0
@@ -77,10 +82,12 @@ async def open_continuation(
                 return opened
         # no replica could take it now (the others restarting, unhealthy or ejected): wait a
         # little, as a retry does, and look again while the deadline allows
+        res.stopped = "no-replica"
         if not any(r not in res.failed for p in pools for r in p.replicas):
             return None
         pause = max(MIN_WAIT_S, full_jitter_backoff_s(n, pools[0].config.retry) if pools else 0)
         if loop.time() + pause >= res.deadline:
+            res.stopped = "deadline"
             return None
         await asyncio.sleep(pause)
     return None
@@ -97,15 +104,18 @@ async def _try_pool(
     trace: RequestTrace,
 ) -> tuple[OpenedResponse | None, bool]:
     """``(opened, stop)``: the continuation opened on a usable replica of ``pool`` not in
-    ``res.failed``, or None; ``stop`` when no further try may follow (the deadline)."""
+    ``res.failed``, or None; ``stop`` when no further try may follow (the deadline). Sets
+    ``res.stopped`` when it returns None."""
     loop = asyncio.get_running_loop()
     metrics = state.metrics
     served = pool.config.served_model_name
     for _ in range(pool.config.retry.max_attempts):
         if loop.time() >= res.deadline:
+            res.stopped = "deadline"
             return None, True
         replica = await pick_replica(pool, route, pool.usable(loop.time()), exclude=res.failed)
-        if replica is None or not pool.budget.try_acquire(loop.time()):
+        if replica is None:
+            res.stopped = "no-replica"
             return None, False
         rec.attempts += 1
         rec.retries.append("resume")
@@ -127,19 +137,23 @@ async def _try_pool(
         except UpstreamTimeout:
             span.end("total-timeout")
             metrics.record_attempt(pool, "total-timeout")
+            res.stopped = "total-timeout"
             return None, True
         except (EngineClientError, UnreadableResponse) as e:
             # this pool's engine refuses the continuation: the next pool may take it
             span.end("client-error", status=e.status)
             metrics.record_attempt(pool, "client-error")
             res.failed.append(replica)
+            res.stopped = "client-error"
             return None, False
         except BaseException:
             span.end("cancelled")
             raise
         pool.record_success(replica)
         metrics.record_attempt(pool, "ok")
+        res.stopped = ""
         opened.span = span
         rec.served_tier, rec.replica = pool.tier, replica.name
         return opened, False
+    res.stopped = "no-replica"
     return None, False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 from gateway.errors import (
     EngineClientError,
@@ -39,13 +40,15 @@ async def open_with_failover(
     rec: RequestRecord,
     trace: RequestTrace,
     timeouts: ClientTimeouts | None = None,
+    avoid: Sequence[Replica] = (),
 ) -> OpenedResponse:
     """Try each pool of ``plan.chain`` at most ``retry.max_attempts`` times, each attempt on a
     replica not tried yet, until one answers. ``protocol`` makes each pool's upstream body and
     says when a stream's first content event arrived. ``timeouts`` (the client's, from its
     headers): ``total_s`` may shorten the first pool's ``total_s``, which bounds the whole
     request; ``read_s`` bounds the wait for the first byte since the request arrived (every
-    attempt) and the stall between events after it.
+    attempt) and the stall between events after it. ``avoid``: replicas not to ask (e.g. those
+    whose streams of this request broke before a fresh attempt).
 
     Raises the last ``GatewayError`` (the engine's 4xx and ``UnreadableResponse`` at once,
     never retried, neither counted against the replica), an
@@ -88,7 +91,7 @@ async def open_with_failover(
         if (served, prio) not in payloads:
             payloads[(served, prio)] = protocol.upstream_body(body, served, priority=prio)
         pool.budget.record_request(loop.time())
-        tried: list[Replica] = []
+        tried: list[Replica] = [r for r in avoid if r in pool.replicas]
         for n in range(pool.config.retry.max_attempts):
             replica = await pick_replica(pool, route, pool.usable(loop.time()), exclude=tried)
             pause = 0.0

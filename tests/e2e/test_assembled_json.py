@@ -105,8 +105,103 @@ def test_stalled_json_request_is_retried_by_stall_s(stack: Stack) -> None:
     assert got["usage"]["prompt_tokens"] > direct["usage"]["prompt_tokens"]
 
 
-def test_json_break_that_cannot_resume_is_a_502(stack: Stack) -> None:
+@pytest.mark.parametrize("extra", [
+    {"n": 2},
+    {"response_format": {"type": "json_object"}},  # a grammar would restart: not continued
+])
+def test_json_break_that_cannot_resume_is_asked_again(stack: Stack, extra: dict) -> None:
+    """A break that cannot be resumed (n=2, structured output) on one replica is asked again
+    from scratch (nothing reached the client), served by the replica that does not break."""
+    broken = stack.sims["standard"][0]
+    marker = f"fresh {sorted(extra)}"
+    before = metric(stack, "speedgate_resumes_total", outcome="refused")
+    httpx.post(broken + "/sim/faults", json={"reset_after_chunks": 3})
+    try:
+        for i in range(4):
+            r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+                "model": MODEL, **extra,
+                "messages": [{"role": "user", "content": f"{marker} {i}"}]})
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            assert len(doc["choices"]) == extra.get("n", 1)
+            assert all(c["finish_reason"] and c["message"]["content"] for c in doc["choices"])
+            assert r.headers["x-speedgate-replica"].endswith("/1")
+    finally:
+        httpx.delete(broken + "/sim/faults")
+    on_broken = [q for q in httpx.get(broken + "/sim/requests").json()
+                 if marker in str((q.get("body") or {}).get("messages"))]
+    assert on_broken and not any(q["body"].get("continue_final_message") for q in on_broken)
+    assert metric(stack, "speedgate_resumes_total", outcome="refused") == before + len(on_broken)
+
+
+def test_json_break_that_cannot_resume_anywhere_is_a_502(stack: Stack) -> None:
     r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
-        "model": MODEL, "messages": MSGS, "n": 2, "sim_faults": {"reset_after_chunks": 3}})
+        "model": MODEL, "n": 2, "messages": [{"role": "user", "content": "n2 everywhere"}],
+        "sim_faults": {"reset_after_chunks": 3}})
     assert r.status_code == 502
     assert r.json()["error"]["code"] == "upstream_error"
+    assert _asked(stack, "n2 everywhere") == 2  # once on each replica, never twice on one
+
+
+def test_json_complete_before_the_break_is_served(stack: Stack) -> None:
+    """The engine resets after the finish chunk (before usage and [DONE]): the answer is
+    complete, served with an estimated usage."""
+    chunks = ["The ", "answer ", "is ", "here."]
+    r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "finish then break"}],
+        "sim_faults": {"chunks": chunks, "reset_after_chunks": len(chunks)}})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["choices"][0]["message"]["content"] == "".join(chunks)
+    assert doc["choices"][0]["finish_reason"] == "stop"
+    assert doc["usage"]["completion_tokens"] > 0 and doc["usage"]["prompt_tokens"] > 0
+    assert _asked(stack, "finish then break") == 1
+
+
+def _asked(stack: Stack, marker: str) -> int:
+    """How many upstream attempts carried ``marker`` in their messages."""
+    return sum(marker in str((r.get("body") or {}).get("messages")) for r in stack.sim_requests())
+
+
+@pytest.mark.parametrize("after", [0, 3])
+def test_in_stream_client_error_is_the_engines_4xx(stack: Stack, after: int) -> None:
+    """vLLM streams ``{"error": {..., "code": 400}}`` after its 200 when generation raises on
+    the request (its non-stream answer would be that HTTP 400): the JSON client gets the 400
+    in OpenAI's shape, not retried, not resumed, not the replica's failure."""
+    marker = f"client-error-{after}"
+    before = metric(stack, "speedgate_resumes_total")
+    for _ in range(3):
+        r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+            "model": MODEL, "messages": [{"role": "user", "content": marker}],
+            "sim_faults": {"error_after_chunks": after, "error_message": "invalid grammar"}})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["message"] == "invalid grammar" and err["type"] == "invalid_request_error"
+    assert _asked(stack, marker) == 3
+    assert metric(stack, "speedgate_resumes_total") == before
+
+
+def test_in_stream_server_error_is_still_retried(stack: Stack) -> None:
+    """A 5xx code in the error event stays the replica's fault: retried on the other one."""
+    r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "server-error"}],
+        "sim_faults": {"error_after_chunks": 0, "error_code": 500}})
+    assert r.status_code == 502, r.text
+    assert _asked(stack, "server-error") == 2
+
+
+def test_resumed_json_keeps_the_engines_fields(stack: Stack) -> None:
+    """A resumed JSON answer has the fields of an unbroken one: ``system_fingerprint`` and
+    ``usage.prompt_tokens_details`` (its cached tokens the finishing attempt's)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "fields after resume"}]}
+    direct = httpx.post(stack.sims["standard"][0] + "/v1/chat/completions", json=body,
+                        timeout=30).json()
+    r = httpx.post(stack.base_url + "/v1/chat/completions", timeout=30,
+                   json={**body, "sim_faults": {"reset_after_chunks": 14}})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    assert got["system_fingerprint"] == direct["system_fingerprint"]
+    assert set(got["usage"]["prompt_tokens_details"]) == set(
+        direct["usage"]["prompt_tokens_details"])
+    assert got["usage"]["prompt_tokens"] > direct["usage"]["prompt_tokens"]

@@ -206,6 +206,12 @@ def test_json_answer_resumed_across_the_chain_names_the_tier_that_finished(stack
     assert doc["choices"][0]["message"]["content"] == FULL
     assert r.headers["x-speedgate-tier"] == "standard" and doc["service_tier"] == "default"
     assert r.headers["x-speedgate-replica"].startswith(f"{MODEL}/standard/")
+    # the tier changed during a resume: a fallback, named in the header and the access log
+    assert r.headers["x-speedgate-fallback"] == "fast:resume-broken-stream"
+    rid = r.headers["x-request-id"]
+    logged = [ln for ln in stack.log_path.read_text().splitlines()
+              if rid in ln and "fallback=" in ln]
+    assert logged and "fast:resume-broken-stream" in logged[-1]
 
 
 def test_content_before_a_tool_call_resumes(stack: Stack) -> None:
@@ -217,3 +223,42 @@ def test_content_before_a_tool_call_resumes(stack: Stack) -> None:
     out = run(stack, body)
     assert out["errors"] == [] and out["text"] == "Let me check. "
     assert out["finishes"] == ["tool_calls"] and out["done"] == 1 and out["roles"] == 1
+
+
+def test_continuations_do_not_spend_the_retry_budget(tmp_path) -> None:
+    """A pool whose retry budget allows no retry at all still resumes its broken streams:
+    continuations are bounded by ``max_resumes``, not by the budget (a replica dying with many
+    streams open must not lose most of them). They are still counted as retries."""
+    s = Stack(tmp_path, replicas_per_tier=2, sim_args=SIM_ARGS, tiers=("standard",),
+              pool_overrides={"retry": {"budget_percent": 0, "budget_min_retries": 0},
+                              "outlier": {"enabled": False}})
+    s.start()
+    try:
+        for _ in range(3):
+            clean(run(s, scripted(reset_after_chunks=6)), FULL)
+        assert metric(s, "speedgate_resumes_total", outcome="resumed") == 3
+        assert metric(s, "speedgate_resumes_total", outcome="failed") == 0
+    finally:
+        s.stop()
+
+
+def test_in_stream_client_error(stack: Stack) -> None:
+    """vLLM's in-stream error with a 4xx code is the request's fault: before the first content
+    event the client gets that 4xx (as the engine's HTTP error); after content, one in-band
+    error event; never retried nor resumed, never a replica failure."""
+    before = metric(stack, "speedgate_resumes_total")
+    body = {"model": MODEL, "stream": True,
+            "messages": [{"role": "user", "content": "in-stream 400 early"}],
+            "sim_faults": {"error_after_chunks": 0, "error_message": "invalid grammar"}}
+    r = httpx.post(stack.base_url + CHAT, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "invalid grammar"
+    out = run(stack, {"messages": [{"role": "user", "content": "in-stream 400 late"}],
+                      "sim_faults": {"chunks": CHUNKS, "error_after_chunks": 4,
+                                     "error_message": "invalid grammar"}})
+    assert out["text"] == "".join(CHUNKS[:4]) and out["done"] == 0
+    assert [e["message"] for e in out["errors"]] == ["invalid grammar"]
+    asked = [r for r in stack.sim_requests()
+             if "in-stream 400" in str((r.get("body") or {}).get("messages"))]
+    assert len(asked) == 2
+    assert metric(stack, "speedgate_resumes_total") == before

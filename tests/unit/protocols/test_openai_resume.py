@@ -45,6 +45,16 @@ def test_resume_point_rebuilds_text_and_reasoning_only_on_demand() -> None:
     ({}, [chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f"}}]})],
      "tool-call"),
     ({}, [chunk({"content": "a"}, finish="stop")], "finished"),
+    ({"response_format": {"type": "json_object"}}, [chunk({"content": "{"})],
+     "structured-output"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+     [chunk({"content": "{"})], "structured-output"),
+    ({"guided_json": {"type": "object"}}, [chunk({"content": "{"})], "structured-output"),
+    ({"guided_regex": "[a-z]+"}, [chunk({"content": "a"})], "structured-output"),
+    ({"guided_choice": ["yes", "no"]}, [chunk({"content": "y"})], "structured-output"),
+    ({"guided_grammar": "root ::= 'a'"}, [chunk({"content": "a"})], "structured-output"),
+    ({"structured_outputs": {"json": {}}}, [chunk({"content": "{"})], "structured-output"),
+    ({"response_format": {"type": "text"}}, [chunk({"content": "a"})], None),
 ])
 def test_what_cannot_be_resumed_is_named(doc: dict, relayed: list[bytes], blocker: str) -> None:
     assert ChatProtocol().resume_point(chat_body(**doc), relayed).blocker == blocker
@@ -137,3 +147,20 @@ def test_assemble_merges_tool_calls_and_logprobs() -> None:
         "name": "f", "arguments": '{"a": 1}'}}]
     assert choice["logprobs"] == lp and choice["finish_reason"] == "tool_calls"
     assert doc["usage"]["total_tokens"] == 7 and doc["system_fingerprint"] == "fp"
+
+
+@pytest.mark.parametrize("proto, extra", [
+    (ChatProtocol(), {"messages": [{"role": "user", "content": "hi"}]}),
+    (CompletionsProtocol(), {"prompt": "hi"}),
+])
+def test_prompt_logprobs_go_upstream_as_json(proto, extra: dict) -> None:
+    """vLLM refuses prompt_logprobs with stream=True: such a request is not assembled."""
+    plain = proto.parse(orjson.dumps({"model": "m", **extra}))
+    assert plain.assemble
+    assert orjson.loads(proto.upstream_body(plain, "served"))["stream"] is True
+    for value in (0, 1):
+        body = proto.parse(orjson.dumps({"model": "m", "prompt_logprobs": value, **extra}))
+        assert not body.assemble and not body.upstream_stream
+        sent = orjson.loads(proto.upstream_body(body, "served"))
+        assert not sent.get("stream") and "stream_options" not in sent
+        assert sent["prompt_logprobs"] == value

@@ -3,10 +3,10 @@ nothing for the cyclic collector, so its pauses never stall open streams.
 
 Deterministic, no timing: inside the test, automatic collection is off and
 ``gc.DEBUG_SAVEALL`` keeps whatever a collection would free in ``gc.garbage``; after a burst
-(non-streaming, streaming, errors, a client leaving mid-stream) the unreachable cycles are
-counted (the collector then runs again as before). The engine is the raw one of the capacity
-benchmark (``loadtests.raw_engine``), in the test's own event loop; the ASGI driver waits on an
-``asyncio.Event`` like uvicorn's ``receive``. Also: ``GcSettings`` and ``GcStats``.
+(non-streaming, streaming, errors, a client leaving mid-stream, an engine reset) the unreachable
+cycles are counted (the collector then runs again as before). The engine is the raw one of the
+capacity benchmark (``loadtests.raw_engine``), in the test's own event loop; the ASGI driver waits
+on an ``asyncio.Event`` like uvicorn's ``receive``. Also: ``GcSettings`` and ``GcStats``.
 """
 
 from __future__ import annotations
@@ -161,6 +161,36 @@ async def _burst_leaves_no_cycle() -> None:
         finally:
             gc.enable()
     assert statuses == Counter({200: 3 * BURST, 400: BURST, 404: BURST}), statuses
+    kinds = Counter(type(o).__qualname__ for o in found)
+    assert not found, f"{len(found)} objects in reference cycles: {kinds.most_common(12)}"
+
+
+def test_an_engine_reset_leaves_no_reference_cycle() -> None:
+    """An engine that dies mid-stream (a cut chunked body: aiohttp's ClientPayloadError from
+    TransferEncodingError, its tracebacks through the gateway's reader), for a stream (one
+    in-band error: no other replica to resume on) and an assembled JSON answer (502)."""
+    uvloop.run(_resets_leave_no_cycle())
+
+
+async def _resets_leave_no_cycle() -> None:
+    def resets() -> list[Any]:
+        return [Call(chat(True, user="reset")).run(app), Call(chat(False, user="reset")).run(app)]
+
+    async with gateway() as app:
+        for _ in range(2):  # first-use caches fill
+            await asyncio.gather(*resets())
+        gc.collect()
+        gc.disable()
+        try:
+            statuses: Counter[int] = Counter()
+            for _ in range(10):
+                statuses.update(await asyncio.gather(*resets()))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            found = cycles_found_by_collection()
+        finally:
+            gc.enable()
+    assert statuses == Counter({200: 10, 502: 10}), statuses
     kinds = Counter(type(o).__qualname__ for o in found)
     assert not found, f"{len(found)} objects in reference cycles: {kinds.most_common(12)}"
 
