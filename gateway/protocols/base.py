@@ -98,7 +98,9 @@ class ResumePoint:
     ``tool-call`` (a tool call had started: its arguments cannot be continued), ``finished``
     (a finish reason was relayed), ``echo``, ``prompt`` (not a single text prompt),
     ``structured-output`` (a JSON schema, regex, choice or grammar constrains the output: the
-    engine's grammar would start again at the continuation, so the whole would not match)."""
+    engine's grammar would start again at the continuation, so the whole would not match).
+    ``complete``: a finish reason was relayed for every one of the request's choices (the
+    engine ended the generation; only its usage report and end marker can be missing)."""
 
     text: str = ""
     reasoning: str = ""
@@ -106,6 +108,7 @@ class ResumePoint:
     id: str | None = None
     created: int | None = None
     blocker: str | None = None
+    complete: bool = False
 
 
 class StreamCodec:
@@ -134,6 +137,15 @@ class StreamCodec:
         ``carried`` holds the estimated output tokens of each broken attempt, oldest first,
         summed into it). Only for protocols whose ``resume_point`` can return no blocker."""
         raise NotImplementedError
+
+    def ending(self, usage: Usage | None, relayed: list[bytes]) -> bytes | None:
+        """The events that end this stream for the client after the engine broke it once
+        every choice had finished (``ResumePoint.complete``; ``relayed``: the engine payloads
+        sent, whose ids the report takes): the usage report with ``usage``
+        (the engine's if it came, else the gateway's estimate) where the client asked for one
+        and none was relayed yet, then the protocol's end marker. None (the default): this
+        protocol's stream is not ended on the engine's behalf (it ends with an error event)."""
+        return None
 
 
 class Running:

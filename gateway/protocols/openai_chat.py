@@ -36,7 +36,12 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
 from gateway.protocols.openai_assemble import AssemblyCodec, assemble
-from gateway.protocols.openai_resume import OpenAISplice, continuation_body, resume_point
+from gateway.protocols.openai_resume import (
+    OpenAISplice,
+    continuation_body,
+    resume_point,
+    stream_ending,
+)
 from gateway.relay.body import ParsedBody, parse_body, upstream_body
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.telemetry.tokencount import completion_text, response_text
@@ -150,6 +155,19 @@ class OpenAIStream(StreamCodec):
 
     def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
         return OpenAISplice(self, point, carried)
+
+    def ending(self, usage: Usage | None, relayed: list[bytes]) -> bytes | None:
+        return self.ending_after(self.usage, usage, relayed, (None, None))
+
+    def ending_after(
+        self, engine: Usage | None, usage: Usage | None, relayed: list[bytes],
+        ident: tuple[str | None, int | None],
+    ) -> bytes:
+        """This stream's ending (``StreamCodec.ending``) when the codec that relayed last had
+        seen ``engine`` usage: a usage chunk with ``usage`` only where the client asked for
+        usage and the engine's never came, then ``[DONE]``."""
+        report = usage if engine is None and not self.strip_usage else None
+        return stream_ending(self.rewriter, relayed, report, ident)
 
 
 class ChatProtocol(Protocol):

@@ -44,6 +44,7 @@ def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> Resum
         point.blocker = "prompt"
     text: list[str] = []
     reasoning: list[str] = []
+    finished: set[Any] = set()
     for data in relayed:
         try:
             chunk = orjson.loads(data)
@@ -60,6 +61,7 @@ def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> Resum
                 point.blocker = point.blocker or "n>1"
             if c.get("finish_reason") is not None:
                 point.blocker = point.blocker or "finished"
+                finished.add(c.get("index", 0))
             if not chat:
                 if isinstance(c.get("text"), str):
                     text.append(c["text"])
@@ -74,6 +76,8 @@ def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> Resum
             for key in ("reasoning", "reasoning_content"):
                 if isinstance(delta.get(key), str):
                     reasoning.append(delta[key])
+    want = doc.get("n") or 1
+    point.complete = isinstance(want, int) and len(finished) >= want
     point.text, point.reasoning = "".join(text), "".join(reasoning)
     point.tokens = count_text(point.text) + count_text(point.reasoning)
     return point
@@ -135,6 +139,39 @@ def continuation_body(
     doc["continue_final_message"] = True
     doc["add_generation_prompt"] = False
     return orjson.dumps(doc)
+
+
+def stream_ending(
+    rewriter: Any, relayed: list[bytes], usage: Usage | None,
+    ident: tuple[str | None, int | None] = (None, None),
+) -> bytes:
+    """The end of an OpenAI stream whose every choice finished before the engine broke it:
+    a usage chunk with ``usage`` (None: none sent) shaped as the engine's (``choices: []``,
+    the last relayed chunk's ``id``, ``object``, ``created``, ``model`` and
+    ``system_fingerprint``; ``ident`` overrides id and created, as a continuation's splice
+    does), rewritten for the client by ``rewriter``, then ``data: [DONE]``."""
+    if usage is None:
+        return DONE_EVENT
+    last: dict[str, Any] = {}
+    for data in reversed(relayed):
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(doc, dict):
+            last = doc
+            break
+    chunk = {k: last[k] for k in ("id", "object", "created", "model", "system_fingerprint")
+             if k in last}
+    ident_id, created = ident
+    if ident_id is not None:
+        chunk["id"] = ident_id
+    if created is not None:
+        chunk["created"] = created
+    chunk["choices"] = []
+    chunk["usage"] = {"prompt_tokens": usage.prompt, "completion_tokens": usage.completion,
+                      "total_tokens": usage.prompt + usage.completion}
+    return encode_event(rewriter.body(chunk)) + DONE_EVENT
 
 
 def summed_usage(last: Usage, carried: list[int]) -> Usage:
@@ -212,6 +249,9 @@ class OpenAISplice(StreamCodec):
 
     def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
         return OpenAISplice(self.base, point, carried)
+
+    def ending(self, usage: Usage | None, relayed: list[bytes]) -> bytes | None:
+        return self.base.ending_after(self.usage, usage, relayed, self.ident)
 
 
 def _opening_only(choices: list[Any]) -> bool:

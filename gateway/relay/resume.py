@@ -11,6 +11,13 @@ whose code is the client's 4xx, which is no replica's failure either), the pool 
 tool call under way, no finish relayed, no structured output). Otherwise the stream ends as
 before, with one in-band error event of the protocol's kind (a JSON answer the gateway
 assembles is asked again instead: ``gateway.relay.assembled``).
+
+A break after every choice's finish reason was relayed (only the usage report and the end
+marker lost) is neither: the engine ended the generation, so the gateway ends the stream as
+the engine would have (``StreamCodec.ending``: OpenAI chat and completions send the usage
+chunk, estimated, when the client asked for usage, then ``[DONE]``), outcome ``ok``; the
+replica is still recorded as having broken it (outlier ejection), the break in ``rec.resumes``
+with outcome ``completed``.
 """
 
 from __future__ import annotations
@@ -19,12 +26,14 @@ import asyncio
 import logging
 from typing import Any
 
+from gateway.common.usage import Usage
 from gateway.errors import UpstreamTimeout
 from gateway.protocols.base import Protocol, StreamCodec
 from gateway.relay.body import ParsedBody
 from gateway.relay.stream import StreamResult, relay_events
 from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
+from gateway.telemetry.tokencount import estimate_usage
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.continuation import Resumption, open_continuation
@@ -80,12 +89,19 @@ async def relay_resumable(
         reason = result.reason or "broken-stream"
         entry: dict[str, Any] = {"reason": reason, "from_tier": att.pool.tier}
         rec.resumes.append(entry)
-        rule = _refusal(att.pool.config.resume, reason, len(carried))
-        point = None
-        if rule is None:
-            point = protocol.resume_point(body, relayed)
-            rule = point.blocker
-        if rule is not None or point is None:
+        point = protocol.resume_point(body, relayed)
+        if point.complete:  # every choice finished: only the usage and end marker lost
+            ended = await _end_complete(state, current, body, protocol, rec, relayed)
+            if ended is not None:
+                events, usage = ended
+                entry["outcome"] = "completed"
+                state.metrics.record_resume(att.pool, reason, "completed")
+                log.info("request %s: stream broke (%s) on %s after its finish: ended by "
+                         "the gateway", rec.request_id, reason, att.replica.name)
+                await send({"type": "http.response.body", "body": events, "more_body": True})
+                return StreamResult(ok=True, usage=usage, events=result.events, reason=reason)
+        rule = _refusal(att.pool.config.resume, reason, len(carried)) or point.blocker
+        if rule is not None:
             entry.update(outcome="refused", rule=rule)
             state.metrics.record_resume(att.pool, reason, "refused")
             log.info("request %s: stream broke (%s) on %s, not resumed: %s",
@@ -115,6 +131,36 @@ async def relay_resumable(
         current = codec.continuation(point, carried)
     await send({"type": "http.response.body", "body": result.error_event, "more_body": True})
     return result
+
+
+async def _end_complete(
+    state: GatewayState,
+    codec: StreamCodec,
+    body: ParsedBody,
+    protocol: Protocol,
+    rec: RequestRecord,
+    relayed: list[bytes],
+) -> tuple[bytes, Usage | None] | None:
+    """``(events, usage)`` that end a stream whose every choice finished before its replica
+    broke it (``codec.ending``), or None when the protocol does not end streams so. Usage is
+    the engine's when its report came; otherwise the gateway's estimate, as accounting makes
+    one for an engine that never reports usage (tiktoken: the conversation's prompt and the
+    relayed text, ``gateway.telemetry.tokencount``), and ``rec.usage_estimated`` is set (the
+    access log and ``speedgate_usage_estimated_total`` say so)."""
+    usage = codec.usage
+    estimate = None
+    if usage is None and protocol.generates:
+        estimate = await estimate_usage(
+            body.conversation, protocol.count_kind,  # type: ignore[arg-type]
+            protocol.output_text(relayed), size_hint=len(body.raw),
+            encoding=state.config.telemetry.usage_estimate_encoding,
+        )
+    events = codec.ending(estimate, relayed)
+    if events is None:
+        return None
+    if usage is None and estimate is not None:
+        usage, rec.usage_estimated = estimate, True
+    return events, usage
 
 
 def _refusal(cfg: Any, reason: str, resumes: int) -> str | None:

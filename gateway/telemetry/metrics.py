@@ -214,7 +214,7 @@ class GatewayMetrics:
             "speedgate_resumes",
             "Streams broken after content reached the client, by how they broke (reason) and "
             "what followed (resumed, refused: a documented rule forbids it, failed: no replica "
-            "could continue it)",
+            "could continue it, completed: every choice had finished, the gateway ended it)",
             ["pool", "reason", "outcome"],
             registry=r,
         )
@@ -304,7 +304,7 @@ class GatewayMetrics:
 
     def record_resume(self, pool: Pool, reason: str, outcome: str) -> None:
         """A stream of ``pool`` broke mid-way (``reason``: broken-stream, eof, stall-timeout,
-        malformed, engine-error); ``outcome``: resumed | refused | failed."""
+        malformed, engine-error); ``outcome``: resumed | refused | failed | completed."""
         self.resumes.labels(pool.key, reason, outcome).inc()
 
     def record_timeout(self, pool: Pool, stage: str) -> None:

@@ -262,3 +262,43 @@ def test_in_stream_client_error(stack: Stack) -> None:
              if "in-stream 400" in str((r.get("body") or {}).get("messages"))]
     assert len(asked) == 2
     assert metric(stack, "speedgate_resumes_total") == before
+
+
+def test_break_after_every_finish_ends_the_stream(stack: Stack) -> None:
+    """The replica breaks right after the finish chunk (the last content event), before its
+    usage chunk and ``[DONE]``: the engine ended the generation, so the gateway ends the stream
+    (usage estimated when asked, then ``[DONE]``) and the openai SDK reads it without error. One
+    event earlier (before the finish) the stream is resumed as before."""
+    import openai
+
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0)
+    before = metric(stack, "speedgate_resumes_total", outcome="completed")
+    resumed = metric(stack, "speedgate_resumes_total", outcome="resumed")
+    for include in (True, False):
+        text, finishes, usage = "", [], []
+        stream = client.chat.completions.create(
+            model=MODEL, stream=True, messages=[{"role": "user", "content": "go"}],
+            stream_options={"include_usage": include},
+            extra_body={"sim_faults": {"chunks": CHUNKS, "reset_after_chunks": len(CHUNKS)}})
+        for chunk in stream:  # raises on an in-band error event
+            if chunk.usage is not None:
+                usage.append(chunk.usage)
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                if c.finish_reason:
+                    finishes.append(c.finish_reason)
+        assert text == FULL and finishes == ["stop"]
+        assert len(usage) == (1 if include else 0)
+        if include:
+            assert usage[0].prompt_tokens > 0 and usage[0].completion_tokens >= len(CHUNKS)
+            assert usage[0].total_tokens == usage[0].prompt_tokens + usage[0].completion_tokens
+    assert metric(stack, "speedgate_resumes_total", outcome="completed") == before + 2
+    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == resumed
+    # the access log: served ok, its usage marked estimated; the break recorded
+    lines = [ln for ln in stack.log_path.read_text().splitlines() if "resumes=1 " in ln]
+    assert lines and "outcome=ok" in lines[-1] and "usage_estimated=True" in lines[-1]
+    # one event earlier the finish never reached the client: resumed as before
+    out = run(stack, scripted(reset_after_chunks=len(CHUNKS) - 1))
+    clean(out, FULL)
+    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == resumed + 1
+    assert metric(stack, "speedgate_resumes_total", outcome="completed") == before + 2
