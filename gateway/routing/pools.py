@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -86,6 +87,8 @@ class Pool:
     replicas: list[Replica] = field(default_factory=list)
     budget: RetryBudget = field(init=False)
     router: ReplicaRouter | None = None  # set by gateway.routing.service at startup
+    # tasks waiting for a slot of this pool to free (``wait_for_slot``), woken by ``release``
+    slot_waiters: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         self.budget = RetryBudget(self.config.retry)
@@ -116,6 +119,15 @@ class Pool:
             and not r.outlier.is_ejected(now)
             and (cap == 0 or r.inflight < cap)
         ]
+
+    def release(self, replica: Replica) -> None:
+        """Give back the in-flight slot an attempt held on ``replica`` (one of this pool's):
+        ``inflight`` decremented, and every ``wait_for_slot`` waiter woken."""
+        replica.inflight -= 1
+        for waiter in self.slot_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.slot_waiters.clear()
 
     def record_success(self, replica: Replica) -> None:
         """Feed a successful attempt to outlier detection."""
@@ -174,3 +186,26 @@ class PoolRegistry:
 def _short_hash(url: str) -> str:
     """A stable 8-hex-digit name for a discovered replica (its address is not for clients)."""
     return hashlib.sha256(url.encode()).hexdigest()[:8]
+
+
+async def wait_for_slot(pools: Sequence[Pool], timeout_s: float) -> bool:
+    """Wait until an attempt releases an in-flight slot in any of ``pools`` (``Pool.release``)
+    or ``timeout_s`` seconds pass, whichever is first; True when a slot was released. No
+    polling: one future, registered with each pool and woken by the release. The timeout also
+    bounds how late a replica that became usable otherwise (health probe, ejection over) is
+    seen by the caller, who looks again either way."""
+    if timeout_s <= 0:
+        return False
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    for pool in pools:
+        pool.slot_waiters.add(waiter)
+    try:
+        await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        for pool in pools:
+            pool.slot_waiters.discard(waiter)
+        if not waiter.done():
+            waiter.cancel()

@@ -110,7 +110,7 @@ class OpenedResponse:
             return
         self._closed = True
         self.response.close()
-        self.attempt.replica.inflight -= 1
+        self.attempt.pool.release(self.attempt.replica)
 
 
 async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
@@ -171,7 +171,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     except BaseException as e:
         if resp is not None:
             resp.close()
-        attempt.replica.inflight -= 1
+        attempt.pool.release(attempt.replica)
         if isinstance(e, TimeoutError):
             # which limit was in force, not the clock: timers may fire a little early
             if limit >= attempt.deadline:

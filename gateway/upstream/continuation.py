@@ -1,7 +1,8 @@
 """Open the continuation of a stream that broke after content reached the client (mid-stream
 resume, README "Guarantees"): the same pool first, then the pools after it in the plan's
 fallback chain; never a replica that already failed this request; within the request's
-deadline; pools with ``resume.enabled: false`` skipped. Continuations are bounded by
+deadline, waiting for a slot when every usable replica is saturated; pools with
+``resume.enabled: false`` skipped. Continuations are bounded by
 ``resume.max_resumes`` per request (``gateway.relay.resume``), not by the pools' retry budgets:
 when a replica dies with many streams open, every one of them must be able to continue, and the
 budget (meant to stop retry storms of fresh requests) would refuse most of them.
@@ -17,15 +18,15 @@ from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol, ResumePoint
 from gateway.relay.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
-from gateway.routing.pools import Pool, Replica
+from gateway.routing.pools import Pool, Replica, wait_for_slot
 from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
 from gateway.upstream.retry import full_jitter_backoff_s
 
-MAX_ROUNDS = 4  # looks along the chain for a replica to continue on (waits between them)
-MIN_WAIT_S = 0.05  # shortest wait before looking again (seconds)
+MIN_WAIT_S = 0.05  # shortest wait before looking again without a slot freed (seconds)
+MAX_BACKOFF_INDEX = 16  # backoff exponent cap (the wait is ``backoff_max_s`` long before)
 
 
 @dataclass(slots=True)
@@ -53,10 +54,14 @@ async def open_continuation(
 ) -> OpenedResponse | None:
     """The first continuation attempt that produced a first content event, or None when none
     could; then ``res.stopped`` names what stopped it: ``deadline``, ``no-replica`` (every
-    replica failed this request or was excluded, or none became usable in ``MAX_ROUNDS``
-    looks), ``client-error`` (an engine refused the continuation with a 4xx) or
-    ``total-timeout``. When no replica is usable at the moment (restarting, unhealthy, ejected)
-    it waits a full-jitter backoff (at least ``MIN_WAIT_S``) and looks again. Attempts are
+    replica failed this request or was excluded, or none became usable in time),
+    ``client-error`` (an engine refused the continuation with a 4xx) or ``total-timeout``.
+    When no replica is usable at the moment (every slot taken at ``max_inflight_per_replica``,
+    restarting, unhealthy, ejected) it waits for one: woken as soon as an attempt releases a
+    slot in one of the pools (``wait_for_slot``), else after a full-jitter backoff (at least
+    ``MIN_WAIT_S``), and looks again; for at most the broken pool's ``stall_s`` from the break
+    (the longest gap the client's stream may have: a continuation that cannot start within it
+    is a stall) and never past the request's deadline. Attempts are
     counted in ``rec.attempts`` and ``rec.retries`` (reason ``resume``) and the retry and
     attempt metrics, but take nothing from the pools' retry budgets; ``rec.served_tier`` and
     ``rec.replica`` follow the replica that took over."""
@@ -74,23 +79,30 @@ async def open_continuation(
             else None)
         for p in pools
     }
-    for n in range(1, MAX_ROUNDS + 1):
+    # how long the continuation may wait for a usable replica: the request's deadline, and
+    # the stall timeout the client is already subject to (no event may lag by more than
+    # ``stall_s``; the broken pool's, counted from the break)
+    wait_until = min(res.deadline, loop.time() + broken.config.timeouts.stall_s)
+    n = 0
+    while True:
+        n += 1
         for pool in pools:
             opened, stop = await _try_pool(state, res, pool, payloads[id(pool)], protocol,
                                            route, rec, trace)
             if opened is not None or stop:
                 return opened
-        # no replica could take it now (the others restarting, unhealthy or ejected): wait a
-        # little, as a retry does, and look again while the deadline allows
+        # no replica could take it now (the others saturated, restarting, unhealthy or
+        # ejected): wait for a slot to free, looking again at least every backoff
         res.stopped = "no-replica"
         if not any(r not in res.failed for p in pools for r in p.replicas):
             return None
-        pause = max(MIN_WAIT_S, full_jitter_backoff_s(n, pools[0].config.retry) if pools else 0)
-        if loop.time() + pause >= res.deadline:
-            res.stopped = "deadline"
+        now = loop.time()
+        if now >= wait_until:
+            res.stopped = "deadline" if wait_until >= res.deadline else "no-replica"
             return None
-        await asyncio.sleep(pause)
-    return None
+        pause = max(MIN_WAIT_S, full_jitter_backoff_s(min(n, MAX_BACKOFF_INDEX),
+                                                      pools[0].config.retry))
+        await wait_for_slot(pools, min(pause, wait_until - now))
 
 
 async def _try_pool(

@@ -302,3 +302,41 @@ def test_break_after_every_finish_ends_the_stream(stack: Stack) -> None:
     clean(out, FULL)
     assert metric(stack, "speedgate_resumes_total", outcome="resumed") == resumed + 1
     assert metric(stack, "speedgate_resumes_total", outcome="completed") == before + 2
+
+
+def test_continuation_waits_for_a_saturated_pool(tmp_path) -> None:
+    """Two replicas with one slot each: X streams on one, Y breaks on the other. Y's
+    continuation finds no usable replica (its own failed it, X holds the other's only slot)
+    and waits for a slot — far longer than the few short backoffs it used to give up after —
+    then continues on the freed replica once X ends (its client leaves)."""
+    import threading
+
+    s = Stack(tmp_path, replicas_per_tier=2, sim_args=SIM_ARGS, tiers=("standard",),
+              timeouts={"connect_s": 1, "ttft_s": 5, "stall_s": 20, "total_s": 60},
+              pool_overrides={"max_inflight_per_replica": 1,
+                              "retry": {"backoff_base_s": 0.01, "backoff_max_s": 0.05},
+                              "outlier": {"enabled": False}})
+    s.start()
+    try:
+        broke = threading.Event()
+        result: dict = {}
+
+        def y() -> None:
+            result["out"] = run(s, scripted(reset_after_chunks=6),
+                                on_event=lambda n, _r: n == 7 and broke.set())
+
+        long = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}],
+                "sim_faults": {"chunks": ["x "] * 10_000, "chunk_interval_s": 0.01}}
+        with httpx.stream("POST", s.base_url + CHAT, json=long, timeout=60) as x:
+            lines = x.iter_lines()
+            next(lines)  # X holds its replica's only slot
+            t = threading.Thread(target=y)
+            t.start()
+            assert broke.wait(30)  # Y's client has its 6 events: the break follows them
+            for _ in range(300):  # X streams on a while (150 events, 10 ms apart at least)
+                next(lines)
+        t.join(30)
+        clean(result["out"], FULL)
+        assert metric(s, "speedgate_resumes_total", outcome="resumed") == 1
+    finally:
+        s.stop()
