@@ -206,7 +206,9 @@ def parse_engine_error(
         type=_openai_type(status),
         param=param,
         # vLLM sends the status as an int code (or none): a client switches on a string
-        code=code if isinstance(code, str) and code else _status_code(status),
+        # (some send it as a string, "400": normalised alike)
+        code=code if isinstance(code, str) and code and not code.isdigit() else _status_code(
+            status),
         retry_after_s=retry_after_s,
     )
 
