@@ -206,7 +206,9 @@ def parse_engine_error(
         type=_openai_type(status),
         param=param,
         # vLLM sends the status as an int code (or none): a client switches on a string
-        code=code if isinstance(code, str) and code else _status_code(status),
+        # (some send it as a string, "400": normalised alike)
+        code=code if isinstance(code, str) and code and not code.isdigit() else _status_code(
+            status),
         retry_after_s=retry_after_s,
     )
 
@@ -215,10 +217,11 @@ def stream_error(doc: dict[str, Any]) -> GatewayError:
     """The client-facing error for an engine's in-stream ``{"error": {...}}`` event (OpenAI
     shape; vLLM sends it after a 200 when generation raises: ``create_streaming_error_response``
     in vllm/entrypoints/openai/serving_engine.py, ``code`` the HTTP status it would have
-    answered). A ``code`` of 400-499 other than 408/429 is the client's fault: the
-    ``EngineClientError`` the engine's HTTP answer would have given (``parse_engine_error``:
-    its status, message, type and code), never retried nor counted against the replica.
-    Anything else (5xx, no code) is the replica's: ``UpstreamError`` (502) with the message."""
+    answered; an int, or a digit string). A ``code`` of 400-499 other than 408/429 becomes
+    the ``EngineClientError`` the engine's HTTP answer would have given (``parse_engine_error``:
+    its status, message, type and code); whose fault it is the caller decides (vLLM gives any
+    exception in generation 400, so a broken replica sends it too). Anything else (5xx, no
+    code) is the replica's: ``UpstreamError`` (502) with the message."""
     inner = doc.get("error")
     code = inner.get("code") if isinstance(inner, dict) else None
     if isinstance(code, str) and code.isdigit():
@@ -230,8 +233,8 @@ def stream_error(doc: dict[str, Any]) -> GatewayError:
 
 
 def is_client_fault(err: GatewayError | None) -> bool:
-    """True for an engine's 4xx that is the client's (not 408/429): not retried, not resumed,
-    not the replica's failure."""
+    """True for an engine's 4xx that names the client (not 408/429): an HTTP one is answered
+    as is; an in-stream one is the client's only when another replica says so too (failover)."""
     return isinstance(err, EngineClientError) and 400 <= err.status < 500 and err.status not in (
         408, 429)
 

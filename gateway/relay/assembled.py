@@ -107,8 +107,12 @@ async def _assemble(
             return await _complete(body, protocol, rec, relayed), time.monotonic() - t0
         pool = attempts[-1].attempt.pool
         loop = asyncio.get_running_loop()
-        if (last.get("rule") in NOT_RETRIED or fresh >= MAX_FRESH
-                or loop.time() >= att.deadline or not pool.budget.try_acquire(loop.time())):
+        if last.get("rule") in NOT_RETRIED or fresh >= MAX_FRESH or loop.time() >= att.deadline:
+            return err
+        if not pool.budget.try_acquire(loop.time()):
+            log.info("request %s: JSON answer broke (%s), not resumable (%s): no fresh attempt, "
+                     "the retry budget of %s is spent", rec.request_id, result.reason,
+                     last.get("rule"), pool.key)
             return err
         fresh += 1
         reason = f"fresh-after-{last.get('rule')}"

@@ -79,11 +79,13 @@ async def relay_resumable(
         if result.ok or result.error is None:
             return result
         if result.reason == "client-error":
-            # the engine's in-stream 4xx: the request's fault, not a break of the replica's
-            # (not resumed, not its failure); ends in-band (an assembled answer: that 4xx)
+            # the engine's in-stream 4xx after output: not resumed, ends in-band (an assembled
+            # answer: that 4xx); the replica's failure, since a client's invalid request fails
+            # before generation (vLLM gives any exception in generation code 400)
             if opened.span is not None:
                 opened.span.end("client-error", status=result.error.status)
                 opened.span = None
+            att.pool.record_failure(att.replica, asyncio.get_running_loop().time())
             break
         _note_break(state, opened, result)
         reason = result.reason or "broken-stream"

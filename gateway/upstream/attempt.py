@@ -42,11 +42,15 @@ from gateway.upstream.client import (
 )
 
 RETRYABLE_STATUSES = frozenset({408, 429})
+#: reason of an in-stream error event with a client's 4xx code before any content: the
+#: request's fault or the replica's, which only another replica's answer tells (failover)
+STREAM_4XX = "stream-4xx"
 
 
 class RetryableFailure(Exception):
     """The attempt failed before anything reached the client; ``reason`` is a short slug
-    (``connect-error``, ``http-503``, ``ttft-timeout``, ``broken-stream``, ``malformed``) and
+    (``connect-error``, ``http-503``, ``ttft-timeout``, ``broken-stream``, ``malformed``,
+    ``stream-4xx``) and
     ``error`` what the client gets if no other attempt succeeds."""
 
     def __init__(self, reason: str, error: GatewayError) -> None:
@@ -57,8 +61,9 @@ class RetryableFailure(Exception):
     @property
     def replica_fault(self) -> bool:
         """True when the failure says the replica is unhealthy (for outlier ejection); a 429
-        or 408 says it is busy, not broken."""
-        return self.reason not in ("http-429", "http-408")
+        or 408 says it is busy, not broken; a ``stream-4xx`` is the replica's only once another
+        replica answered the request (failover records it then)."""
+        return self.reason not in ("http-429", "http-408", STREAM_4XX)
 
 
 @dataclass(slots=True)
@@ -201,9 +206,9 @@ async def _read_until_content(
 ) -> list[SSEEvent]:
     """Data events up to the first content event (``protocol.head_kind``), plus any that
     arrived in the same read (comments dropped). Until then nothing is sent to the client, so a
-    failure here can still be retried: an engine error event (``engine-error``) or an event
-    that is not one of the protocol's (``malformed``); an error event whose code is the
-    client's 4xx (``is_client_fault``) is raised as that ``EngineClientError``."""
+    failure here can still be retried: an engine error event (``engine-error``; ``stream-4xx``
+    when its code is a client's 4xx, ``is_client_fault``, ``error`` that ``EngineClientError``)
+    or an event that is not one of the protocol's (``malformed``)."""
     head: list[SSEEvent] = []
     async for batch in batches:
         found = False
@@ -214,10 +219,11 @@ async def _read_until_content(
                 kind, err = protocol.head_kind(ev)
                 if kind == HEAD_ERROR:
                     assert err is not None
-                    if is_client_fault(err):  # the request's fault (vLLM: code 400 after a
-                        raise err  # 200): answered as the engine's HTTP 4xx, not retried
-                    # the engine failed before any output: another replica may still serve
-                    raise RetryableFailure("engine-error", err)
+                    # the engine failed before any output: another replica may still serve.
+                    # A 4xx code may be the request's fault or the replica's (vLLM gives any
+                    # exception in generation code 400): failover tells them apart
+                    raise RetryableFailure(STREAM_4XX if is_client_fault(err) else "engine-error",
+                                           err)
                 if kind == HEAD_MALFORMED:
                     raise RetryableFailure(
                         "malformed", UpstreamError("engine sent a malformed response")

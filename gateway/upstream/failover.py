@@ -27,7 +27,13 @@ from gateway.routing.pools import Pool, Replica
 from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import RequestTrace
-from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
+from gateway.upstream.attempt import (
+    STREAM_4XX,
+    Attempt,
+    OpenedResponse,
+    RetryableFailure,
+    open_attempt,
+)
 from gateway.upstream.deadline import ClientTimeouts, total_timeout_s
 from gateway.upstream.retry import full_jitter_backoff_s
 
@@ -47,8 +53,19 @@ async def open_with_failover(
     says when a stream's first content event arrived. ``timeouts`` (the client's, from its
     headers): ``total_s`` may shorten the first pool's ``total_s``, which bounds the whole
     request; ``read_s`` bounds the wait for the first byte since the request arrived (every
-    attempt) and the stall between events after it. ``avoid``: replicas not to ask (e.g. those
-    whose streams of this request broke before a fresh attempt).
+    attempt) and the stall between events after it. ``avoid``: replicas to ask only when no
+    other is usable (e.g. those whose streams of this request broke before a fresh attempt).
+
+    An in-stream error event with a client's 4xx code before any content (``stream-4xx``) is
+    ambiguous: vLLM gives every exception in generation code 400 (``serving_chat``'s stream
+    generator answers any exception with ``create_streaming_error_response``, default
+    ``BAD_REQUEST``), so a broken replica sends it for every request. Differential diagnosis:
+    it is asked once more on another replica of the pool, without spending the retry budget
+    (at most one such retry per request, so at most twice the engine calls; spending the budget
+    would let a replica that fails everything exhaust it and never be ejected). If that one
+    answers, the first replica's failure is recorded (outlier ejection); if it sends an in-stream
+    4xx too, that 4xx is the client's answer and no failure is recorded; with no other usable
+    replica the 4xx is answered and nothing recorded (no telling whose fault it is).
 
     Raises the last ``GatewayError`` (the engine's 4xx and ``UnreadableResponse`` at once,
     never retried, neither counted against the replica), an
@@ -72,6 +89,7 @@ async def open_with_failover(
     total_s = 0.0
     last_reason = ""
     previous_tier: str | None = None
+    suspect: tuple[Pool, Replica] | None = None  # the replica of a stream-4xx (diagnosis)
     # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
     route = plan.route
     if route is None:
@@ -91,11 +109,15 @@ async def open_with_failover(
         if (served, prio) not in payloads:
             payloads[(served, prio)] = protocol.upstream_body(body, served, priority=prio)
         pool.budget.record_request(loop.time())
-        tried: list[Replica] = [r for r in avoid if r in pool.replicas]
+        avoided = [r for r in avoid if r in pool.replicas]
+        tried: list[Replica] = []
         for n in range(pool.config.retry.max_attempts):
-            replica = await pick_replica(pool, route, pool.usable(loop.time()), exclude=tried)
+            usable = pool.usable(loop.time())
+            replica = await pick_replica(pool, route, usable, exclude=[*tried, *avoided])
+            if replica is None and avoided:  # avoiding is a preference: better than nothing
+                replica = await pick_replica(pool, route, usable, exclude=tried)
             pause = 0.0
-            if replica is None and n > 0:
+            if replica is None and n > 0 and last_reason != STREAM_4XX:
                 # Every replica tried. A short Retry-After from the last one that fits the
                 # deadline is honoured: wait for it and ask that replica again.
                 replica, pause = _honour_retry_after(last, tried, pool, loop.time(), deadline)
@@ -103,8 +125,10 @@ async def open_with_failover(
                 reasons.append(f"{pool.tier}:{'replicas-exhausted' if n else 'no-usable-replica'}")
                 break
             if n > 0:
-                # a refused connection cost the engine nothing: it does not spend the budget
-                if last_reason != "connect-error" and not pool.budget.try_acquire(loop.time()):
+                # a refused connection cost the engine nothing, the diagnosis of a stream-4xx
+                # is once per request: neither spends the budget
+                if (last_reason not in ("connect-error", STREAM_4XX)
+                        and not pool.budget.try_acquire(loop.time())):
                     reasons.append(f"{pool.tier}:retry-budget-exhausted")
                     break
                 assert last is not None
@@ -148,6 +172,14 @@ async def open_with_failover(
             try:
                 opened = await open_attempt(state.upstream, attempt)
             except RetryableFailure as f:
+                if f.reason == STREAM_4XX and suspect is not None:
+                    # two replicas refused it alike: the request's fault, nobody's failure
+                    span.end("client-error", status=f.error.status)
+                    metrics.record_attempt(pool, "client-error")
+                    _note_failure(rec, reasons, plan, previous_tier)
+                    raise f.error from None
+                if f.reason == STREAM_4XX:
+                    suspect = (pool, replica)
                 reasons.append(f"{pool.tier}:{f.reason}")
                 last, last_reason = f.error, f.reason
                 span.end(f.reason, status=f.error.status)
@@ -177,6 +209,8 @@ async def open_with_failover(
             except BaseException:
                 span.end("cancelled")
                 raise
+            if suspect is not None:  # another replica served what the suspect refused
+                suspect[0].record_failure(suspect[1], loop.time())
             pool.record_success(replica)
             metrics.record_attempt(pool, "ok")
             opened.span = span
@@ -185,14 +219,23 @@ async def open_with_failover(
             if pool is not plan.chain[0] or plan.reason == "tier-unavailable":
                 rec.fallback = ",".join(reasons)
             return opened
-        if loop.time() >= deadline:
-            break
-    rec.fallback = ",".join(reasons) or None
+        if loop.time() >= deadline or last_reason == STREAM_4XX:
+            break  # a stream-4xx no other replica of the pool could check: answered as is
+    _note_failure(rec, reasons, plan, previous_tier)
     if last is None:
         raise NoHealthyReplica(
             f"no healthy replica for model {plan.request.model_name!r}", retry_after_s=1
         )
     raise last
+
+
+def _note_failure(rec: RequestRecord, reasons: list[str], plan: Plan, tier: str | None) -> None:
+    """``rec.fallback`` of a failed failover (``tier`` the last one asked): its ``reasons``,
+    unless no tier changed and ``rec.fallback`` already says something (the resume notes of an
+    earlier attempt of this request, which a fresh attempt keeps)."""
+    moved = tier is not None and tier != plan.chain[0].tier
+    if rec.fallback is None or moved or plan.reason == "tier-unavailable":
+        rec.fallback = ",".join(reasons) or None
 
 
 def _honour_retry_after(

@@ -243,9 +243,9 @@ def test_continuations_do_not_spend_the_retry_budget(tmp_path) -> None:
 
 
 def test_in_stream_client_error(stack: Stack) -> None:
-    """vLLM's in-stream error with a 4xx code is the request's fault: before the first content
-    event the client gets that 4xx (as the engine's HTTP error); after content, one in-band
-    error event; never retried nor resumed, never a replica failure."""
+    """vLLM's in-stream error with a 4xx code: before the first content event, once both
+    replicas sent it, the client gets that 4xx (as the engine's HTTP error); after content, one
+    in-band error event, not retried; never resumed."""
     before = metric(stack, "speedgate_resumes_total")
     body = {"model": MODEL, "stream": True,
             "messages": [{"role": "user", "content": "in-stream 400 early"}],
@@ -260,7 +260,7 @@ def test_in_stream_client_error(stack: Stack) -> None:
     assert [e["message"] for e in out["errors"]] == ["invalid grammar"]
     asked = [r for r in stack.sim_requests()
              if "in-stream 400" in str((r.get("body") or {}).get("messages"))]
-    assert len(asked) == 2
+    assert len(asked) == 3  # the early one on both replicas, the late one once
     assert metric(stack, "speedgate_resumes_total") == before
 
 

@@ -2,7 +2,7 @@
 
 import orjson
 
-from gateway.errors import BodyTooLarge, NoHealthyReplica, parse_engine_error
+from gateway.errors import BodyTooLarge, NoHealthyReplica, parse_engine_error, stream_error
 
 
 def test_new_vllm_shape_passes_through():
@@ -35,3 +35,14 @@ def test_error_shape_and_retry_after():
     assert set(e.body()["error"]) == {"message", "type", "param", "code"}
     assert e.status == 503 and e.headers() == {"retry-after": "2"}
     assert BodyTooLarge("x").status == 413
+
+
+def test_in_stream_code_as_int_or_digit_string_alike():
+    """vLLM sends ``code: 400``; some engines ``"400"``: the client sees the same error."""
+    errs = [stream_error({"error": {"message": "bad", "type": "BadRequestError", "code": c}})
+            for c in (400, "400")]
+    assert [e.status for e in errs] == [400, 400]
+    assert errs[0].body() == errs[1].body()
+    assert errs[0].body()["error"]["code"] == "bad_request"
+    named = stream_error({"error": {"message": "bad", "code": "context_length_exceeded"}})
+    assert named.status == 502  # a named code is no status: the replica's, as before

@@ -1,6 +1,7 @@
 """Retry, backoff, budget, outlier ejection, deadline and content-event policies (pure)."""
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -9,6 +10,7 @@ from gateway.errors import InvalidRequest, UpstreamError
 from gateway.protocols.openai_chat import is_content
 from gateway.upstream.attempt import RetryableFailure, parse_retry_after
 from gateway.upstream.deadline import header_timeout_s, total_timeout_s
+from gateway.upstream.failover import _note_failure
 from gateway.upstream.outlier import OutlierState, max_ejected, record_failure, record_success
 from gateway.upstream.retry import RetryBudget, full_jitter_backoff_s
 
@@ -115,3 +117,18 @@ def test_retry_after_and_replica_fault():
     assert parse_retry_after(None) is None
     assert not RetryableFailure("http-429", UpstreamError("x")).replica_fault
     assert RetryableFailure("http-503", UpstreamError("x")).replica_fault
+
+
+def test_failed_fresh_attempt_keeps_the_resume_notes_unless_a_tier_changed():
+    """A failover that fails in the plan's first tier leaves an earlier ``rec.fallback`` (the
+    resume notes of this request's broken attempt) as it was; one that moved tiers says so."""
+    plan = SimpleNamespace(chain=[SimpleNamespace(tier="fast"), SimpleNamespace(tier="standard")],
+                           reason="requested")
+    rec = SimpleNamespace(fallback="fast:resume-broken-stream")
+    _note_failure(rec, ["fast:no-usable-replica"], plan, "fast")
+    assert rec.fallback == "fast:resume-broken-stream"
+    _note_failure(rec, ["fast:no-usable-replica", "standard:http-503"], plan, "standard")
+    assert rec.fallback == "fast:no-usable-replica,standard:http-503"
+    rec = SimpleNamespace(fallback=None)
+    _note_failure(rec, ["fast:connect-error", "fast:replicas-exhausted"], plan, "fast")
+    assert rec.fallback == "fast:connect-error,fast:replicas-exhausted"
