@@ -53,9 +53,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str, 
         r.close()
 
 
-def _usable(stack: Stack) -> bool:
-    tiers = httpx.get(stack.base_url + "/readyz").json()["models"][MODEL]
-    return all(t["usable"] == t["replicas"] for t in tiers.values())
+def _usable(*gateways: str) -> bool:
+    """Every replica usable as each of ``gateways`` sees it (each gateway probes health on its
+    own: one may still hold the restarted replica ejected when the other already uses it)."""
+    for url in gateways:
+        tiers = httpx.get(url + "/readyz").json()["models"][MODEL]
+        if not all(t["usable"] == t["replicas"] for t in tiers.values()):
+            return False
+    return True
 
 
 def test_previous_response_id_chain_across_gateways_and_a_replica_restart(env):
@@ -69,7 +74,7 @@ def test_previous_response_id_chain_across_gateways_and_a_replica_restart(env):
             url = stack.sims["standard"][int(replicas[-1].rsplit("/", 1)[1])]
             stack.kill_sim(url, crash=True)
             stack.restart_sim(url)
-            assert wait_for(lambda: _usable(stack), timeout_s=10)
+            assert wait_for(lambda: _usable(stack.base_url, second), timeout_s=10)
         if turn == 0:
             item = {"role": "user", "content": task + " " + "context " * 300}
         elif turn % 2:
