@@ -9,7 +9,7 @@ answer one JSON body.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +20,9 @@ from engines.sim.request import RequestContext
 from engines.sim.sse import MALFORMED, ConnectionReset, ErrorEventSent, EventWriter
 
 Deliveries = AsyncIterator[list[tuple[int, int, bool]]]
+#: One typed SSE event of the Responses / Messages APIs: (event type, JSON payload, counts as
+#: content for the fault counters).
+Event = tuple[bytes, bytes, bool]
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
@@ -174,3 +177,45 @@ def _chat_choice(pl: Plan) -> dict[str, Any]:
     call = {"id": P.random_id("chatcmpl-tool-"), "type": "function",
             "function": {"name": name, "arguments": args}}
     return P.chat_message_choice(pl.index, content or None, pl.finish, [call])
+
+
+async def respond_typed_stream(
+    request: web.Request,
+    ctx: RequestContext,
+    deliveries: Deliveries,
+    start: Callable[[], list[Event]],
+    delta: Callable[[str, str], list[Event]],
+    end: Callable[[], list[Event]],
+) -> web.StreamResponse:
+    """Stream an API of typed events (``/v1/responses``, ``/v1/messages``): ``start()``'s
+    events, ``delta(kind, text)``'s for every delivered token group, ``end()``'s, with the
+    request's faults applied (TTFT delay, counted faults after each content event, a reset
+    marking ``ctx.reset``)."""
+    faults, plan = ctx.faults, ctx.plans[0]
+    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    await resp.prepare(request)
+    w = EventWriter(request, resp, faults)
+
+    async def write(events: list[Event]) -> None:
+        for name, payload, content in events:
+            await (w.content(payload, name) if content else w.event(payload, name))
+
+    try:
+        if faults.ttft_delay_s:
+            await asyncio.sleep(faults.ttft_delay_s)
+        await write(start())
+        if not w.plain:
+            await w.after_content()
+        async for out in deliveries:
+            for _idx, n, done in out:
+                items = plan.items[plan.pos : plan.pos + n]
+                plan.pos += n
+                for kind, text in delivered_events(plan, items, done):
+                    await write(delta(kind, text))
+        await write(end())
+        await resp.write_eof()
+    except ConnectionReset:
+        ctx.reset = True
+    finally:
+        await deliveries.aclose()  # type: ignore[attr-defined]
+    return resp

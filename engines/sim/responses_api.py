@@ -27,7 +27,6 @@ argument deltas.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,11 +35,13 @@ from aiohttp import web
 
 from engines.sim import protocol as P
 from engines.sim.request import RequestContext, RequestError
-from engines.sim.responder import SSE_HEADERS, collect, delivered_events
-from engines.sim.sse import ConnectionReset, EventWriter
+from engines.sim.responder import (
+    Event,
+    collect,
+    respond_typed_stream,
+)
 
 Deliveries = AsyncIterator[list[tuple[int, int, bool]]]
-Event = tuple[bytes, bytes, bool]  # (event type, JSON payload, counts as content)
 
 
 def response_id(body: dict[str, Any]) -> str:
@@ -251,35 +252,8 @@ def response_object(ctx: RequestContext, status: str, output: list[dict[str, Any
 async def respond_stream(request: web.Request, ctx: RequestContext, deliveries: Deliveries
                          ) -> web.StreamResponse:
     """Stream the response's typed events (module docstring)."""
-    faults, plan = ctx.faults, ctx.plans[0]
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
-    await resp.prepare(request)
-    w = EventWriter(request, resp, faults)
     b = _Builder(ctx)
-
-    async def write(events: list[Event]) -> None:
-        for name, payload, content in events:
-            await (w.content(payload, name) if content else w.event(payload, name))
-
-    try:
-        if faults.ttft_delay_s:
-            await asyncio.sleep(faults.ttft_delay_s)
-        await write(b.created())
-        if not w.plain:
-            await w.after_content()
-        async for out in deliveries:
-            for _idx, n, done in out:
-                items = plan.items[plan.pos : plan.pos + n]
-                plan.pos += n
-                for kind, text in delivered_events(plan, items, done):
-                    await write(b.delta(kind, text))
-        await write(b.completed())
-        await resp.write_eof()
-    except ConnectionReset:
-        ctx.reset = True
-    finally:
-        await deliveries.aclose()  # type: ignore[attr-defined]
-    return resp
+    return await respond_typed_stream(request, ctx, deliveries, b.created, b.delta, b.completed)
 
 
 async def respond_full(request: web.Request, ctx: RequestContext, deliveries: Deliveries
