@@ -100,10 +100,17 @@ class ResumePoint:
     ``structured-output`` (a JSON schema, regex, choice or grammar constrains the output: the
     engine's grammar would start again at the continuation, so the whole would not match).
     ``complete``: a finish reason was relayed for every one of the request's choices (the
-    engine ended the generation; only its usage report and end marker can be missing)."""
+    engine ended the generation; only its usage report and end marker can be missing).
+    ``heal``: the end of the relayed ``heal_field`` text (``content`` or ``reasoning``) left out
+    of the continuation's prompt and expected again at the start of its output (token healing:
+    a word cut mid-way does not re-tokenize into the tokens the engine produced, so the engine
+    regenerates it from a word boundary and the splice drops what the client already has);
+    empty: the whole text is carried."""
 
     text: str = ""
     reasoning: str = ""
+    heal: str = ""
+    heal_field: str = "content"
     tokens: int = 0
     id: str | None = None
     created: int | None = None

@@ -80,7 +80,39 @@ def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> Resum
     point.complete = isinstance(want, int) and len(finished) >= want
     point.text, point.reasoning = "".join(text), "".join(reasoning)
     point.tokens = count_text(point.text) + count_text(point.reasoning)
+    if point.text:
+        point.heal = heal_tail(point.text)
+    elif point.reasoning:
+        point.heal, point.heal_field = heal_tail(point.reasoning), "reasoning"
     return point
+
+
+# Longest tail left out of a continuation's prompt (characters): a word cut mid-way is
+# regenerated from the whitespace before it. A longer run without whitespace (code, CJK text)
+# is carried whole: no boundary in it is known to re-tokenize as the engine produced it.
+MAX_HEAL_CHARS = 48
+
+
+def heal_tail(text: str) -> str:
+    """The end of ``text`` a continuation regenerates instead of carrying: the last run of
+    non-whitespace characters (a word perhaps cut mid-way) with the whitespace before it, or
+    the trailing whitespace when ``text`` ends with some; ``""`` when that is longer than
+    ``MAX_HEAL_CHARS``.
+
+    Why: BPE tokenizers (byte-level ones as GPT-2's and Llama 3's, SentencePiece's) split text
+    into pre-tokens at whitespace before merging, so text up to a whitespace boundary
+    re-tokenizes into the tokens the engine produced, whereas a word cut mid-way ("the fast l"
+    of " lane") may re-tokenize into tokens the engine never produced ("l" for " l"), after
+    which the model continues from a context it would never have generated (seen with real vLLM
+    in ``tests/integration_vllm/test_resume_vllm.py``). Token healing (Microsoft ``guidance``)
+    answers the same problem for prompts."""
+    end = len(text)
+    i = end
+    while i > 0 and not text[i - 1].isspace():
+        i -= 1
+    while i > 0 and text[i - 1].isspace():
+        i -= 1
+    return text[i:] if end - i <= MAX_HEAL_CHARS else ""
 
 
 # vLLM's constrained decoding: its older ``guided_*`` fields and ``structured_outputs``
@@ -116,24 +148,30 @@ def continuation_body(
     opts["include_usage"] = True
     opts.pop("continuous_usage_stats", None)
     doc["stream_options"] = opts
+    text, reasoning = point.text, point.reasoning
+    cut = len(point.heal)
+    if cut and point.heal_field == "content":
+        text = text[:-cut]
+    elif cut:
+        reasoning = reasoning[:-cut]
     for key in ("max_tokens", "max_completion_tokens"):
-        if isinstance(doc.get(key), int):
-            doc[key] = max(1, doc[key] - point.tokens)
+        if isinstance(doc.get(key), int):  # the healed tail is generated again
+            doc[key] = max(1, doc[key] - point.tokens + count_text(point.heal))
     if priority is not None:
         doc["priority"] = int(priority)
     if not chat:
-        doc["prompt"] = doc["prompt"] + point.text
+        doc["prompt"] = doc["prompt"] + text
         return orjson.dumps(doc)
     messages = list(doc["messages"])
     last = messages[-1]
     if doc.get("continue_final_message") and last.get("role") == "assistant":
         merged = dict(last)  # the client's own prefill, continued further
-        merged["content"] = (last.get("content") or "") + point.text
+        merged["content"] = (last.get("content") or "") + text
         messages[-1] = merged
     else:
-        prefix: dict[str, Any] = {"role": "assistant", "content": point.text}
-        if point.reasoning:  # vLLM's chat templates read an assistant turn's ``reasoning``
-            prefix["reasoning"] = point.reasoning
+        prefix: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning:  # vLLM's chat templates read an assistant turn's ``reasoning``
+            prefix["reasoning"] = reasoning
         messages.append(prefix)
     doc["messages"] = messages
     doc["continue_final_message"] = True
@@ -194,15 +232,24 @@ class OpenAISplice(StreamCodec):
     stream's ``id`` and ``created`` (then ``base``'s model and ``service_tier`` rewrite), the
     continuation's role chunk is dropped, and its usage is the sum of the attempts (on the
     chunk that carries it when the client asked for usage; dropped otherwise). Continuations
-    are rare: this codec parses and re-serialises each chunk."""
+    are rare: this codec parses and re-serialises each chunk.
 
-    __slots__ = ("base", "carried", "ident")
+    Token healing (``ResumePoint.heal``): the continuation's output starts with the tail the
+    client already has; it is dropped from the chunks (with the logprobs of its tokens) and the
+    event's payload replaced by the healed one, so ``relayed`` holds what the client got. When
+    the output does not start with that tail (sampling chose another word), ``diverged`` is set
+    and the chunk is an error: the relay continues again, carrying the whole text."""
+
+    __slots__ = ("base", "carried", "diverged", "field", "ident", "pending")
 
     def __init__(self, base: Any, point: ResumePoint, carried: list[int]) -> None:
         super().__init__()
         self.base = base  # the stream's OpenAIStream (its rewriter and strip_usage)
         self.carried = list(carried)
         self.ident = (point.id, point.created)
+        self.pending = point.heal  # the healed tail not yet seen again
+        self.field = point.heal_field
+        self.diverged = False
 
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data
@@ -223,6 +270,16 @@ class OpenAISplice(StreamCodec):
         if isinstance(choices, list) and choices:
             if _opening_only(choices):
                 return SKIP, b""
+            if self.pending:
+                kept = self._heal(choices[0])
+                if kept is None:
+                    self.diverged = True
+                    self.error = UpstreamError(
+                        "the continuation's output diverged from the text already relayed")
+                    return ERROR, self.error_event(self.error)
+                if not kept and doc.get("usage") is None:
+                    return SKIP, b""
+                ev.data = orjson.dumps(doc)  # what the client gets: ``relayed`` keeps it
             for c in choices:  # the client had its role already
                 delta = c.get("delta")
                 if isinstance(delta, dict):
@@ -243,6 +300,36 @@ class OpenAISplice(StreamCodec):
         if created is not None:
             doc["created"] = created
         return CONTENT, encode_event(self.base.rewriter.chunk(orjson.dumps(doc), doc))
+
+    def _heal(self, choice: Any) -> bool | None:
+        """Drop from ``choice`` (choice 0 of a chunk, edited in place) the part of its text that
+        repeats ``pending``. True: the choice still carries output, a finish reason or
+        logprobs; False: nothing is left of it; None: its output is not ``pending``'s
+        continuation (diverged)."""
+        if not isinstance(choice, dict):
+            return True
+        delta = choice.get("delta")
+        chat = isinstance(delta, dict)
+        holder: dict[str, Any] = delta if chat else choice  # type: ignore[assignment]
+        keys = ("text",) if not chat else (
+            ("content",) if self.field == "content" else ("reasoning", "reasoning_content"))
+        key = next((k for k in keys if isinstance(holder.get(k), str) and holder[k]), None)
+        if key is None:  # other output before the tail came back: another path was taken
+            others = _DELTA_OUTPUT if chat else ()
+            if any(holder.get(k) for k in others if k not in keys):
+                return None
+            return _carries(choice)
+        piece: str = holder[key]
+        n = min(len(piece), len(self.pending))
+        if piece[:n] != self.pending[:n]:
+            return None
+        self.pending = self.pending[n:]
+        _drop_logprobs(choice, n, chat)
+        if piece[n:]:
+            holder[key] = piece[n:]
+            return True
+        del holder[key]
+        return _carries(choice)
 
     def error_event(self, err: GatewayError) -> bytes:
         return self.base.error_event(err)
@@ -267,6 +354,41 @@ def _opening_only(choices: list[Any]) -> bool:
         if any(delta.get(k) for k in _DELTA_OUTPUT):
             return False
     return True
+
+
+def _carries(choice: dict[str, Any]) -> bool:
+    """True when a choice has anything for the client: output, a finish reason, logprobs."""
+    if choice.get("finish_reason") is not None:
+        return True
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict) and (lp.get("content") or lp.get("tokens")):
+        return True
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return any(delta.get(k) for k in _DELTA_OUTPUT)
+    return bool(choice.get("text"))
+
+
+def _drop_logprobs(choice: dict[str, Any], chars: int, chat: bool) -> None:
+    """Drop from ``choice``'s logprobs the leading tokens whose text lies within its first
+    ``chars`` characters (the healed tail the client had, with its own logprobs)."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or chars <= 0:
+        return
+    tokens = ([e.get("token") if isinstance(e, dict) else None for e in lp.get("content") or ()]
+              if chat else list(lp.get("tokens") or ()))
+    k, seen = 0, 0
+    while k < len(tokens) and isinstance(tokens[k], str) and seen + len(tokens[k]) <= chars:
+        seen += len(tokens[k])
+        k += 1
+    if not k:
+        return
+    if chat:
+        lp["content"] = lp["content"][k:]
+        return
+    for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        if isinstance(lp.get(name), list):
+            lp[name] = lp[name][k:]
 
 
 def _usage_object(engine: dict[str, Any], total: Usage) -> dict[str, Any]:

@@ -42,6 +42,9 @@ log = logging.getLogger("speedgate.resume")
 
 # breaks that say nothing about another replica's chances: not continued
 NOT_RESUMABLE = frozenset({"total-timeout", "unreadable"})
+# breaks that are no replica's failure (outlier ejection): those, and a continuation whose
+# regenerated word differs from the one relayed (token healing, ``OpenAISplice``)
+NOT_THE_REPLICAS = NOT_RESUMABLE | {"diverged"}
 
 
 async def relay_resumable(
@@ -68,6 +71,7 @@ async def relay_resumable(
     current = codec
     carried: list[int] = []  # output tokens (estimated) of each broken attempt
     before = 0
+    no_heal = False
     while True:
         opened = attempts[-1]
         att = opened.attempt
@@ -87,11 +91,16 @@ async def relay_resumable(
                 opened.span = None
             att.pool.record_failure(att.replica, asyncio.get_running_loop().time())
             break
+        diverged = getattr(current, "diverged", False)
+        if diverged:  # the engine answered; the healed tail came back otherwise (sampling)
+            result.reason = "diverged"
         _note_break(state, opened, result)
         reason = result.reason or "broken-stream"
         entry: dict[str, Any] = {"reason": reason, "from_tier": att.pool.tier}
         rec.resumes.append(entry)
         point = protocol.resume_point(body, relayed)
+        if diverged or no_heal:  # carry the whole text from now on
+            point.heal, no_heal = "", True
         if point.complete:  # every choice finished: only the usage and end marker lost
             ended = await _end_complete(state, current, body, protocol, rec, relayed)
             if ended is not None:
@@ -187,7 +196,7 @@ def _note_break(state: GatewayState, opened: OpenedResponse, result: StreamResul
         opened.span = None
     if isinstance(result.error, UpstreamTimeout):
         state.metrics.record_timeout(pool, result.error.stage)
-    if result.reason in NOT_RESUMABLE:
+    if result.reason in NOT_THE_REPLICAS:
         return
     pool.record_failure(replica, asyncio.get_running_loop().time())
 

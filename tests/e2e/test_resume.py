@@ -17,6 +17,9 @@ from tests.e2e.stack import MODEL, Stack
 pytestmark = pytest.mark.e2e
 CHUNKS = [f"part{i} " for i in range(10)]
 FULL = "".join(CHUNKS)
+# for breaks every 3 chunks along the whole chain (4 replicas): each continuation regenerates
+# the word it was cut in (token healing), so it adds 2 new chunks; 8 fit into 4 attempts
+CHAIN_CHUNKS = CHUNKS[:8]
 SIM_ARGS = ("--time-scale", "0.02", "--seed", "0", "--output-tokens", "30")
 
 
@@ -97,8 +100,10 @@ def test_break_resumed_in_the_same_pool(stack: Stack, fault: dict) -> None:
 
 def test_breaks_continue_along_the_fallback_chain(stack: Stack) -> None:
     """Three breaks: fast A, fast B (the pool has no other replica), then standard."""
-    out = run(stack, {**scripted(reset_after_chunks=3), "model": f"{MODEL}-fast"})
-    clean(out, FULL)
+    body = {**scripted(reset_after_chunks=3), "model": f"{MODEL}-fast"}
+    body["sim_faults"]["chunks"] = CHAIN_CHUNKS
+    out = run(stack, body)
+    clean(out, "".join(CHAIN_CHUNKS))
     requests = stack.sim_requests("fast") + stack.sim_requests("standard")
     continued = [r for r in requests if (r.get("body") or {}).get("continue_final_message")]
     assert len(continued) >= 3
@@ -200,10 +205,11 @@ def test_legacy_completions_resume_byte_identical(stack: Stack) -> None:
 
 def test_json_answer_resumed_across_the_chain_names_the_tier_that_finished(stack: Stack) -> None:
     body = {**scripted(reset_after_chunks=3), "model": f"{MODEL}-fast"}
+    body["sim_faults"]["chunks"] = CHAIN_CHUNKS
     r = httpx.post(stack.base_url + CHAT, json=body, timeout=30)
     assert r.status_code == 200, r.text
     doc = r.json()
-    assert doc["choices"][0]["message"]["content"] == FULL
+    assert doc["choices"][0]["message"]["content"] == "".join(CHAIN_CHUNKS)
     assert r.headers["x-speedgate-tier"] == "standard" and doc["service_tier"] == "default"
     assert r.headers["x-speedgate-replica"].startswith(f"{MODEL}/standard/")
     # the tier changed during a resume: a fallback, named in the header and the access log

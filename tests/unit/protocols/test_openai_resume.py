@@ -7,12 +7,13 @@ import orjson
 import pytest
 
 from gateway.common.usage import Usage
-from gateway.protocols.base import CONTENT, DONE, SKIP, Rewrite
+from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, Rewrite
 from gateway.protocols.openai_assemble import assemble
 from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
-from gateway.protocols.openai_resume import summed_usage
+from gateway.protocols.openai_resume import MAX_HEAL_CHARS, heal_tail, summed_usage
 from gateway.relay.sse import DONE as DONE_DATA
 from gateway.relay.sse import SSEEvent
+from gateway.telemetry.tokencount import count_text
 
 REWRITE = Rewrite("served", "client", "standard")
 
@@ -65,9 +66,12 @@ def test_chat_continuation_body() -> None:
                                                     "continuous_usage_stats": True})
     point = ChatProtocol().resume_point(body, [chunk({"content": "Hello there"})])
     up = orjson.loads(ChatProtocol().continuation_body(body, "served", point, priority=3))
-    assert up["messages"][-1] == {"role": "assistant", "content": "Hello there"}
+    # the last word is left out (token healing): the engine generates it again
+    assert point.heal == " there"
+    assert up["messages"][-1] == {"role": "assistant", "content": "Hello"}
     assert up["continue_final_message"] is True and up["add_generation_prompt"] is False
-    assert up["max_tokens"] == 50 - point.tokens and up["model"] == "served"
+    assert up["max_tokens"] == 50 - point.tokens + count_text(" there")
+    assert up["model"] == "served"
     assert up["stream_options"] == {"include_usage": True} and up["priority"] == 3
 
 
@@ -77,6 +81,9 @@ def test_client_prefill_is_extended_not_duplicated() -> None:
                                {"role": "assistant", "content": "Sure:"}])
     point = ChatProtocol().resume_point(body, [chunk({"content": " one"})])
     up = orjson.loads(ChatProtocol().continuation_body(body, "served", point))
+    assert up["messages"][-1]["content"] == "Sure:" and len(up["messages"]) == 2
+    point = ChatProtocol().resume_point(body, [chunk({"content": " one two"})])
+    up = orjson.loads(ChatProtocol().continuation_body(body, "served", point))
     assert up["messages"][-1]["content"] == "Sure: one" and len(up["messages"]) == 2
 
 
@@ -85,6 +92,10 @@ def test_completions_continuation_and_rules() -> None:
     body = proto.parse(b'{"model": "client", "prompt": "Once", "stream": true}')
     text = orjson.dumps({"id": "cmpl-1", "created": 1, "choices": [{"index": 0, "text": " upon"}]})
     point = proto.resume_point(body, [text])
+    assert orjson.loads(proto.continuation_body(body, "served", point))["prompt"] == "Once"
+    two = orjson.dumps({"id": "cmpl-1", "created": 1,
+                        "choices": [{"index": 0, "text": " upon a"}]})
+    point = proto.resume_point(body, [two])
     assert orjson.loads(proto.continuation_body(body, "served", point))["prompt"] == "Once upon"
     ids = proto.parse(b'{"model": "client", "prompt": [1, 2], "stream": true}')
     assert proto.resume_point(ids, [text]).blocker == "prompt"
@@ -102,6 +113,7 @@ def test_splice_keeps_ids_drops_role_sums_usage() -> None:
     body = chat_body(stream_options={"include_usage": True})
     codec = ChatProtocol().codec(body, REWRITE)
     point = ChatProtocol().resume_point(body, [chunk({"content": "Hi"})])
+    assert point.heal == "Hi"  # one word: generated again, dropped from the splice
     splice = codec.continuation(point, [1])
 
     def ev(data: bytes) -> SSEEvent:
@@ -111,9 +123,10 @@ def test_splice_keeps_ids_drops_role_sums_usage() -> None:
     role = orjson.dumps({**other, "model": "served", "choices": [
         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
     assert splice.event(ev(role))[0] == SKIP
-    verdict, out = splice.event(ev(chunk({"content": " there"}, **{"id": "chatcmpl-b"})))
+    verdict, out = splice.event(ev(chunk({"content": "Hi there"}, **{"id": "chatcmpl-b"})))
     doc = orjson.loads(out[6:].strip())
     assert verdict == CONTENT and doc["id"] == "chatcmpl-a" and doc["created"] == 7
+    assert doc["choices"][0]["delta"]["content"] == " there"
     assert doc["model"] == "client" and doc["service_tier"] == "default"
     usage = orjson.dumps({**other, "model": "served", "choices": [], "usage": {
         "prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14,
@@ -123,6 +136,66 @@ def test_splice_keeps_ids_drops_role_sums_usage() -> None:
     assert got["prompt_tokens"] == 12 + 11 and got["completion_tokens"] == 3
     assert got["prompt_tokens_details"] == {"cached_tokens": 8}
     assert splice.event(ev(DONE_DATA))[0] == DONE
+
+
+@pytest.mark.parametrize(("text", "tail"), [
+    ("the fast l", " l"),        # a word cut mid-way, with the space before it
+    ("the fast lane", " lane"),  # maybe cut: the next token could still extend it
+    ("the fast ", " "),          # trailing whitespace re-tokenizes with what follows
+    ("def f():\n    ", "\n    "),
+    ("word", "word"),            # one word: all of it
+    ("", ""),
+    ("a " + "x" * (MAX_HEAL_CHARS - 1), " " + "x" * (MAX_HEAL_CHARS - 1)),
+    ("a " + "x" * MAX_HEAL_CHARS, ""),  # no boundary near the end: carried whole
+    ("速度门" * 20, ""),
+])
+def test_heal_tail_ends_at_a_whitespace_boundary(text: str, tail: str) -> None:
+    assert heal_tail(text) == tail
+
+
+def _splice_after(relayed_text: str, logprobs: bool = False):
+    body = chat_body(stream_options={"include_usage": True}, logprobs=logprobs)
+    point = ChatProtocol().resume_point(body, [chunk({"content": relayed_text})])
+    return ChatProtocol().codec(body, REWRITE).continuation(point, [1])
+
+
+def test_splice_drops_the_healed_tail_across_chunks_and_relays_what_the_client_got() -> None:
+    splice = _splice_after("the fast la")  # the continuation generates " lane" again
+    first = SSEEvent(data=chunk({"content": " l"}))
+    assert splice.event(first)[0] == SKIP  # all of it was relayed already
+    second = SSEEvent(data=chunk({"content": "ane now"}))
+    verdict, out = splice.event(second)
+    assert verdict == CONTENT
+    assert orjson.loads(out[6:].strip())["choices"][0]["delta"]["content"] == "ne now"
+    # the payload kept for a later resume or an assembled answer is the client's text
+    assert orjson.loads(second.data)["choices"][0]["delta"]["content"] == "ne now"
+    third = SSEEvent(data=chunk({"content": " lane"}))  # healed: passes unchanged
+    assert orjson.loads(splice.event(third)[1][6:].strip())["choices"][0]["delta"][
+        "content"] == " lane"
+
+
+def test_splice_drops_the_logprobs_of_the_healed_tokens() -> None:
+    splice = _splice_after("the fast l", logprobs=True)
+    lp = {"content": [{"token": " l", "logprob": -0.1, "top_logprobs": []},
+                      {"token": "ane", "logprob": -0.2, "top_logprobs": []}]}
+    data = orjson.dumps({"id": "chatcmpl-b", "created": 9, "model": "served", "choices": [
+        {"index": 0, "delta": {"content": " lane"}, "logprobs": lp, "finish_reason": None}]})
+    verdict, out = splice.event(SSEEvent(data=data))
+    choice = orjson.loads(out[6:].strip())["choices"][0]
+    assert verdict == CONTENT and choice["delta"]["content"] == "ane"
+    assert [e["token"] for e in choice["logprobs"]["content"]] == ["ane"]
+
+
+def test_splice_diverging_from_the_healed_tail_is_an_error_to_resume_again() -> None:
+    splice = _splice_after("the fast l")
+    verdict, _ = splice.event(SSEEvent(data=chunk({"content": " road"})))
+    assert verdict == ERROR and splice.diverged
+    # a finish before the whole tail came back is no divergence: the client has the text
+    splice = _splice_after("the fast lane")
+    assert splice.event(SSEEvent(data=chunk({"content": " la"})))[0] == SKIP
+    verdict, out = splice.event(SSEEvent(data=chunk({}, finish="length")))
+    assert verdict == CONTENT and not splice.diverged
+    assert orjson.loads(out[6:].strip())["choices"][0]["finish_reason"] == "length"
 
 
 def test_assemble_merges_tool_calls_and_logprobs() -> None:
