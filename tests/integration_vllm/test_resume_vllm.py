@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 import yaml
 from openai import OpenAI
@@ -26,6 +27,7 @@ from engines.vllm import prepare
 from engines.vllm.launcher import start_replica
 from engines.vllm.tinymodel import CYCLE_TEXT
 from gateway.demo import MODEL, demo_config
+from gateway.protocols.openai_chat import ChatProtocol
 from tests.integration_vllm.stack import VllmStack
 
 pytestmark = pytest.mark.timeout(600, func_only=True)
@@ -91,6 +93,32 @@ def test_json_assembled_from_vllm_stream_equals_vllm_json(vllm_stack: VllmStack)
         tokens_b = [(t["token"], [x["token"] for x in t["top_logprobs"]])
                     for t in cb["logprobs"]["content"]]
         assert tokens_a == tokens_b
+
+
+def test_a_break_at_any_character_continues_cleanly_on_vllm(vllm_stack: VllmStack) -> None:
+    """The continuation the gateway sends for a stream cut after each character of the scripted
+    sentence in turn (mid-word included) makes vLLM finish the sentence: the carried text ends
+    at a word boundary (token healing), so it re-tokenizes into the tokens vLLM produced, and the
+    output starts with the healed tail the splice drops. (Carrying a word cut mid-way, "... fast
+    l", gave the scripted model a token it never produced and noise after it.)"""
+    proto = ChatProtocol()
+    body = proto.parse(orjson.dumps({"model": MODEL, "messages": MESSAGES, "stream": True,
+                                     "max_tokens": 60, "temperature": 0}))
+    sentence = CYCLE_TEXT
+    for cut in range(1, len(sentence) - 1):
+        relayed = [orjson.dumps({"id": "chatcmpl-x", "created": 1, "choices": [
+            {"index": 0, "delta": {"content": sentence[:cut]}, "finish_reason": None}]})]
+        point = proto.resume_point(body, relayed)
+        assert point.blocker is None and sentence[:cut].endswith(point.heal)
+        up = orjson.loads(proto.continuation_body(body, MODEL, point))
+        up.update(stream=False, max_tokens=24)
+        up.pop("stream_options")
+        r = httpx.post(vllm_stack.fast + "/v1/chat/completions", json=up, timeout=60)
+        assert r.status_code == 200, r.text
+        out = r.json()["choices"][0]["message"]["content"]
+        assert out.startswith(point.heal), (cut, point.heal, out)
+        carried = sentence[:cut - len(point.heal)] if point.heal else sentence[:cut]
+        assert (carried + out).startswith(sentence), (cut, carried, out)
 
 
 def test_standard_replica_killed_mid_stream_is_finished_by_fast(vllm_stack: VllmStack,
