@@ -17,8 +17,10 @@ Public surface:
 - ``openai_chat``: ``ChatProtocol`` (``/v1/chat/completions``), ``CompletionsProtocol``
   (``/v1/completions``) and their stream codec ``OpenAIStream`` with ``ChunkRewriter``;
 - ``openai_resume``: what a broken OpenAI stream gave the client (``resume_point``), the
-  request continuing it (``continuation_body``) and ``OpenAISplice``, the codec splicing the
-  continuation into the client's stream; ``base.ResumePoint``;
+  request continuing it (``continuation_body``, the healed tail left out: ``heal_tail``);
+  ``base.ResumePoint``;
+- ``openai_splice``: ``OpenAISplice``, the codec splicing the continuation into the client's
+  stream, and ``stream_ending``;
 - ``openai_assemble``: ``AssemblyCodec`` and ``assemble``, a non-stream answer built from the
   engine's stream;
 - ``responses``: ``ResponsesProtocol`` (``/v1/responses``): typed ``event:`` stream, usage in

@@ -22,7 +22,7 @@ from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, ResumePoint, StreamCodec
 from gateway.protocols.errors import OPENAI_ERRORS
-from gateway.protocols.openai_resume import OpenAISplice
+from gateway.protocols.openai_splice import OpenAISplice
 from gateway.relay.sse import SSEEvent
 
 _ERROR_KEY = b'"error"'

@@ -36,12 +36,8 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
 from gateway.protocols.openai_assemble import AssemblyCodec, assemble
-from gateway.protocols.openai_resume import (
-    OpenAISplice,
-    continuation_body,
-    resume_point,
-    stream_ending,
-)
+from gateway.protocols.openai_resume import continuation_body, resume_point
+from gateway.protocols.openai_splice import OpenAISplice, stream_ending
 from gateway.relay.body import ParsedBody, parse_body, upstream_body
 from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.telemetry.tokencount import completion_text, response_text

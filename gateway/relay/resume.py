@@ -63,15 +63,17 @@ async def relay_resumable(
     """Relay ``attempts[-1]`` (the opened first attempt) to the client through ``codec``, and
     after each break the continuation that takes over (appended to ``attempts``; the caller
     closes them all, each is closed here once it broke). Returns the last attempt's result; on
-    failure its in-band error event has been sent. Records each break in ``rec.resumes`` and
-    ``speedgate_resumes_total``, and the broken replica's failure for outlier ejection; a
-    continuation on another tier in ``rec.fallback`` (``<tier>:resume-<reason>``: the access
-    log, and ``x-speedgate-fallback`` of a JSON answer, whose headers are not sent yet) and
-    ``speedgate_fallbacks_total``."""
+    failure its in-band error event has been sent (when the last attempt diverged, the error of
+    the replica's break before it: what the client is told broke its stream). Records each
+    break in ``rec.resumes`` and ``speedgate_resumes_total``, and the broken replica's failure
+    for outlier ejection; a continuation on another tier in ``rec.fallback``
+    (``<tier>:resume-<reason>``: the access log, and ``x-speedgate-fallback`` of a JSON answer,
+    whose headers are not sent yet) and ``speedgate_fallbacks_total``."""
     current = codec
     carried: list[int] = []  # output tokens (estimated) of each broken attempt
     before = 0
     no_heal = False
+    cause: StreamResult | None = None  # the last break that was the replica's (not a divergence)
     while True:
         opened = attempts[-1]
         att = opened.attempt
@@ -94,6 +96,8 @@ async def relay_resumable(
         diverged = getattr(current, "diverged", False)
         if diverged:  # the engine answered; the healed tail came back otherwise (sampling)
             result.reason = "diverged"
+        else:
+            cause = result
         _note_break(state, opened, result)
         reason = result.reason or "broken-stream"
         entry: dict[str, Any] = {"reason": reason, "from_tier": att.pool.tier}
@@ -140,6 +144,9 @@ async def relay_resumable(
         state.metrics.record_resume(att.pool, reason, "resumed")
         attempts.append(nxt)
         current = codec.continuation(point, carried)
+    if result.reason == "diverged" and cause is not None:
+        # a divergence is the healing's, not a failure: the client is told what broke the stream
+        result.error, result.error_event = cause.error, cause.error_event
     await send({"type": "http.response.body", "body": result.error_event, "more_body": True})
     return result
 

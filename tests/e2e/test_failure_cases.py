@@ -79,15 +79,16 @@ def test_sse_no_buffering(http: httpx.Client, encoding: str | None):
 
 
 def test_upstream_reset_midstream(http: httpx.Client, stack: Stack):
-    """A reset after content reached the client: resumed on another replica, one stream."""
-    faults = {"chunks": ["a", "b", "c", "d", "e"], "reset_after_chunks": 3}
+    """A reset after content reached the client: resumed on another replica, one stream. The
+    continuation regenerates the healed tail (" ", ``heal_tail``), which the splice drops."""
+    faults = {"chunks": ["a ", "b ", "c ", "d"], "reset_after_chunks": 3}
     body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults}
     before = metric(stack, "speedgate_resumes_total", reason="broken-stream", outcome="resumed")
     events = [data for _, data, _ in stream_events(http, body)]
     assert events[-1] == b"[DONE]"
     docs = [orjson.loads(d) for d in events[:-1]]
     contents = [c["choices"][0]["delta"].get("content") for c in docs]
-    assert contents == ["", "a", "b", "c", "d", "e"]  # one role chunk, nothing repeated
+    assert contents == ["", "a ", "b ", "c ", "d"]  # one role chunk, nothing repeated
     assert [c["choices"][0]["finish_reason"] for c in docs].count("stop") == 1
     assert len({c["id"] for c in docs}) == 1
     assert wait_for(lambda: metric(stack, "speedgate_resumes_total", reason="broken-stream",
@@ -119,10 +120,10 @@ def test_upstream_reset_mid_tool_call_is_an_in_band_error(http: httpx.Client, st
 
 def test_upstream_reset_midstream_non_streaming(http: httpx.Client):
     """The JSON answer is assembled from the engine's stream: a reset is resumed too."""
-    faults = {"chunks": ["a", "b", "c", "d"], "reset_after_chunks": 3}
+    faults = {"chunks": ["a ", "b ", "c ", "d"], "reset_after_chunks": 3}
     r = http.post(CHAT, json={"model": MODEL, "messages": _msgs(), "sim_faults": faults})
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == "abcd"
+    assert r.json()["choices"][0]["message"]["content"] == "a b c d"
     # a break that cannot be resumed (n > 1) is a 502 in the API's shape
     r = http.post(CHAT, json={"model": MODEL, "messages": _msgs(), "n": 2,
                               "sim_faults": {"reset_after_chunks": 3}})
@@ -368,12 +369,12 @@ def test_disconnect_aborts_streaming_after_first_token(stack: Stack):
 
 
 def test_malformed_chunk_mid_stream_is_resumed(http: httpx.Client):
-    faults = {"chunks": ["a", "b", "c"], "malformed_after_chunks": 2}
+    faults = {"chunks": ["a ", "b ", "c"], "malformed_after_chunks": 2}
     body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults}
     events = [data for _, data, _ in stream_events(http, body)]
     assert events[-1] == b"[DONE]"
     docs = [orjson.loads(e) for e in events[:-1]]  # every event the client sees is valid JSON
-    assert [d["choices"][0]["delta"].get("content") for d in docs] == ["", "a", "b", "c"]
+    assert [d["choices"][0]["delta"].get("content") for d in docs] == ["", "a ", "b ", "c"]
 
 
 def test_health_head_and_model_retrieve(oai: openai.OpenAI, stack: Stack):

@@ -122,14 +122,14 @@ def test_stall_vs_total_slow_but_steady_completes(http: httpx.Client):
 def test_stall_vs_total_stall_is_resumed(http: httpx.Client, stack: Stack):
     """A stall after content reached the client: caught by ``stall_s`` (not ``total_s``) and
     the stream resumed on another replica; the stalled one is aborted."""
-    faults = {"chunks": ["a", "b", "c", "d"], "stall_after_chunks": 3, "stall_s": 40}
+    faults = {"chunks": ["a ", "b ", "c ", "d"], "stall_after_chunks": 3, "stall_s": 40}
     body = {"model": MODEL, "messages": _msgs(), "stream": True, "sim_faults": faults}
     times, docs = [], []
     for t, data, _ in stream_events(http, body):
         times.append(t)
         if data != b"[DONE]":
             docs.append(orjson.loads(data))
-    assert _content(docs) == "abcd"
+    assert _content(docs) == "a b c d"
     assert all("error" not in d for d in docs)
     assert times[-2] - times[-4] >= 0.9  # the ~1 s stall limit passed between "c" and "d"
     assert wait_for(lambda: stack.sim_stats()["aborted"] == 1, timeout_s=2)

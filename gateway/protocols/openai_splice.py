@@ -1,0 +1,243 @@
+"""The codec that splices a continuation's chunks into the client's OpenAI stream
+(``OpenAISplice``: one id, one role chunk, the healed tail dropped, usage summed over the
+attempts) and the end the gateway writes for a stream whose every choice finished before its
+replica broke it (``stream_ending``). The continuation itself is ``openai_resume``'s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.common.usage import Usage
+from gateway.errors import GatewayError, UpstreamError, stream_error
+from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec
+from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
+
+# what a chat delta may carry besides ``role``: a chunk with none of it (and no finish reason,
+# logprobs or usage) is the continuation's opening role chunk, which the client already had
+_DELTA_OUTPUT = ("content", "reasoning", "reasoning_content", "tool_calls", "refusal")
+
+
+def stream_ending(
+    rewriter: Any, relayed: list[bytes], usage: Usage | None,
+    ident: tuple[str | None, int | None] = (None, None),
+) -> bytes:
+    """The end of an OpenAI stream whose every choice finished before the engine broke it:
+    a usage chunk with ``usage`` (None: none sent) shaped as the engine's (``choices: []``,
+    the last relayed chunk's ``id``, ``object``, ``created``, ``model`` and
+    ``system_fingerprint``; ``ident`` overrides id and created, as a continuation's splice
+    does), rewritten for the client by ``rewriter``, then ``data: [DONE]``."""
+    if usage is None:
+        return DONE_EVENT
+    last: dict[str, Any] = {}
+    for data in reversed(relayed):
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(doc, dict):
+            last = doc
+            break
+    chunk = {k: last[k] for k in ("id", "object", "created", "model", "system_fingerprint")
+             if k in last}
+    ident_id, created = ident
+    if ident_id is not None:
+        chunk["id"] = ident_id
+    if created is not None:
+        chunk["created"] = created
+    chunk["choices"] = []
+    chunk["usage"] = {"prompt_tokens": usage.prompt, "completion_tokens": usage.completion,
+                      "total_tokens": usage.prompt + usage.completion}
+    return encode_event(rewriter.body(chunk)) + DONE_EVENT
+
+
+def summed_usage(last: Usage, carried: list[int]) -> Usage:
+    """Usage of a resumed request, the sum of its attempts: ``last`` is the finishing
+    attempt's (engine-reported); each broken attempt ``j`` produced ``carried[j]`` output
+    tokens (estimated) on a prompt of ``last.prompt`` minus the tokens carried from it and every
+    later broken attempt (the continuation's prompt holds them). Cached tokens: the finishing
+    attempt's only (the broken attempts never reported theirs)."""
+    prompt, completion = last.prompt, last.completion
+    after = 0
+    for tokens in reversed(carried):
+        after += tokens
+        prompt += max(0, last.prompt - after)
+        completion += tokens
+    return Usage(prompt, completion, last.cached)
+
+
+class OpenAISplice(StreamCodec):
+    """Codec of a continuation stream spliced into ``base``'s: each chunk gets the client
+    stream's ``id`` and ``created`` (then ``base``'s model and ``service_tier`` rewrite), the
+    continuation's role chunk is dropped, and its usage is the sum of the attempts (on the
+    chunk that carries it when the client asked for usage; dropped otherwise). Continuations
+    are rare: this codec parses and re-serialises each chunk.
+
+    Token healing (``ResumePoint.heal``): the continuation's output starts with the tail the
+    client already has; it is dropped from the chunks (with the logprobs of its tokens) and the
+    event's payload replaced by the healed one, so ``relayed`` holds what the client got. When
+    the output does not start with that tail (sampling chose another word), ``diverged`` is set
+    and the chunk is an error: the relay continues again, carrying the whole text."""
+
+    __slots__ = ("base", "carried", "diverged", "field", "ident", "pending")
+
+    def __init__(self, base: Any, point: ResumePoint, carried: list[int]) -> None:
+        super().__init__()
+        self.base = base  # the stream's OpenAIStream (its rewriter and strip_usage)
+        self.carried = list(carried)
+        self.ident = (point.id, point.created)
+        self.pending = point.heal  # the healed tail not yet seen again
+        self.field = point.heal_field
+        self.diverged = False
+
+    def event(self, ev: SSEEvent) -> tuple[int, bytes]:
+        data = ev.data
+        assert data is not None
+        if ev.is_done:
+            return DONE, DONE_EVENT
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict):
+            self.error = UpstreamError("engine sent a malformed event mid-stream")
+            return ERROR, self.error_event(self.error)
+        choices = doc.get("choices")
+        if "error" in doc and not choices:
+            self.error = stream_error(doc)
+            return ERROR, self.error_event(self.error)
+        if isinstance(choices, list) and choices:
+            if _opening_only(choices):
+                return SKIP, b""
+            if self.pending:
+                kept = self._heal(choices[0])
+                if kept is None:
+                    self.diverged = True
+                    self.error = UpstreamError(
+                        "the continuation's output diverged from the text already relayed")
+                    return ERROR, self.error_event(self.error)
+                if not kept and doc.get("usage") is None:
+                    return SKIP, b""
+                ev.data = orjson.dumps(doc)  # what the client gets: ``relayed`` keeps it
+            for c in choices:  # the client had its role already
+                delta = c.get("delta")
+                if isinstance(delta, dict):
+                    delta.pop("role", None)
+        usage = Usage.from_openai(doc.get("usage"))
+        if usage is not None:
+            total = summed_usage(usage, self.carried)
+            self.usage = total
+            if self.base.strip_usage:
+                if not choices:
+                    return SKIP, b""
+                del doc["usage"]
+            else:
+                doc["usage"] = _usage_object(doc["usage"], total)
+        ident, created = self.ident
+        if ident is not None:
+            doc["id"] = ident
+        if created is not None:
+            doc["created"] = created
+        return CONTENT, encode_event(self.base.rewriter.chunk(orjson.dumps(doc), doc))
+
+    def _heal(self, choice: Any) -> bool | None:
+        """Drop from ``choice`` (choice 0 of a chunk, edited in place) the part of its text that
+        repeats ``pending``. True: the choice still carries output, a finish reason or
+        logprobs; False: nothing is left of it; None: its output is not ``pending``'s
+        continuation (diverged)."""
+        if not isinstance(choice, dict):
+            return True
+        delta = choice.get("delta")
+        chat = isinstance(delta, dict)
+        holder: dict[str, Any] = delta if chat else choice  # type: ignore[assignment]
+        keys = ("text",) if not chat else (
+            ("content",) if self.field == "content" else ("reasoning", "reasoning_content"))
+        key = next((k for k in keys if isinstance(holder.get(k), str) and holder[k]), None)
+        if key is None:  # other output before the tail came back: another path was taken
+            others = _DELTA_OUTPUT if chat else ()
+            if any(holder.get(k) for k in others if k not in keys):
+                return None
+            return _carries(choice)
+        piece: str = holder[key]
+        n = min(len(piece), len(self.pending))
+        if piece[:n] != self.pending[:n]:
+            return None
+        self.pending = self.pending[n:]
+        _drop_logprobs(choice, n, chat)
+        if piece[n:]:
+            holder[key] = piece[n:]
+            return True
+        del holder[key]
+        return _carries(choice)
+
+    def error_event(self, err: GatewayError) -> bytes:
+        return self.base.error_event(err)
+
+    def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
+        return OpenAISplice(self.base, point, carried)
+
+    def ending(self, usage: Usage | None, relayed: list[bytes]) -> bytes | None:
+        return self.base.ending_after(self.usage, usage, relayed, self.ident)
+
+
+def _opening_only(choices: list[Any]) -> bool:
+    """True for the continuation's role chunk: ``delta`` with ``role`` and nothing else."""
+    for c in choices:
+        if not isinstance(c, dict):
+            return False
+        delta = c.get("delta")
+        if not isinstance(delta, dict) or "role" not in delta:
+            return False
+        if c.get("finish_reason") is not None or c.get("logprobs"):
+            return False
+        if any(delta.get(k) for k in _DELTA_OUTPUT):
+            return False
+    return True
+
+
+def _carries(choice: dict[str, Any]) -> bool:
+    """True when a choice has anything for the client: output, a finish reason, logprobs."""
+    if choice.get("finish_reason") is not None:
+        return True
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict) and (lp.get("content") or lp.get("tokens")):
+        return True
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return any(delta.get(k) for k in _DELTA_OUTPUT)
+    return bool(choice.get("text"))
+
+
+def _drop_logprobs(choice: dict[str, Any], chars: int, chat: bool) -> None:
+    """Drop from ``choice``'s logprobs the leading tokens whose text lies within its first
+    ``chars`` characters (the healed tail the client had, with its own logprobs)."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict) or chars <= 0:
+        return
+    tokens = ([e.get("token") if isinstance(e, dict) else None for e in lp.get("content") or ()]
+              if chat else list(lp.get("tokens") or ()))
+    k, seen = 0, 0
+    while k < len(tokens) and isinstance(tokens[k], str) and seen + len(tokens[k]) <= chars:
+        seen += len(tokens[k])
+        k += 1
+    if not k:
+        return
+    if chat:
+        lp["content"] = lp["content"][k:]
+        return
+    for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        if isinstance(lp.get(name), list):
+            lp[name] = lp[name][k:]
+
+
+def _usage_object(engine: dict[str, Any], total: Usage) -> dict[str, Any]:
+    """The engine's usage object with the summed counts (its other keys kept)."""
+    out = dict(engine)
+    out["prompt_tokens"] = total.prompt
+    out["completion_tokens"] = total.completion
+    out["total_tokens"] = total.prompt + total.completion
+    details = out.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        out["prompt_tokens_details"] = {**details, "cached_tokens": total.cached}
+    return out
