@@ -22,7 +22,7 @@ from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, ResumePoint, StreamCodec
 from gateway.protocols.errors import OPENAI_ERRORS
-from gateway.protocols.openai_splice import OpenAISplice
+from gateway.protocols.openai_splice import OpenAISplice, delta_reasoning
 from gateway.relay.sse import SSEEvent
 
 _ERROR_KEY = b'"error"'
@@ -158,9 +158,9 @@ class _Choice:
         delta = c.get("delta") or {}
         if isinstance(delta.get("content"), str):
             self.text.append(delta["content"])
-        for key in ("reasoning", "reasoning_content"):
-            if isinstance(delta.get(key), str):
-                self.reasoning.append(delta[key])
+        thought = delta_reasoning(delta)
+        if thought is not None:
+            self.reasoning.append(thought)
         for call in delta.get("tool_calls") or ():
             self._call(call)
 

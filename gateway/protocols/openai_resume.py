@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gateway.protocols.base import ResumePoint
+from gateway.protocols.openai_splice import delta_reasoning
 from gateway.relay.body import ParsedBody
 from gateway.telemetry.tokencount import count_text
 
@@ -31,7 +32,7 @@ def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> Resum
         point.blocker = "n>1"
     elif is_structured(doc):
         point.blocker = "structured-output"
-    elif not chat and doc.get("echo"):
+    elif doc.get("echo"):  # vLLM would echo the carried text at the continuation's start
         point.blocker = "echo"
     elif not chat and not isinstance(doc.get("prompt"), str):
         point.blocker = "prompt"
@@ -66,9 +67,9 @@ def resume_point(body: ParsedBody, relayed: list[bytes], *, chat: bool) -> Resum
                 point.blocker = point.blocker or "tool-call"
             if isinstance(delta.get("content"), str):
                 text.append(delta["content"])
-            for key in ("reasoning", "reasoning_content"):
-                if isinstance(delta.get(key), str):
-                    reasoning.append(delta[key])
+            thought = delta_reasoning(delta)
+            if thought is not None:
+                reasoning.append(thought)
     want = doc.get("n") or 1
     point.complete = isinstance(want, int) and len(finished) >= want
     point.text, point.reasoning = "".join(text), "".join(reasoning)
@@ -160,6 +161,8 @@ def continuation_body(
     if doc.get("continue_final_message") and last.get("role") == "assistant":
         merged = dict(last)  # the client's own prefill, continued further
         merged["content"] = (last.get("content") or "") + text
+        if reasoning:
+            merged["reasoning"] = (last.get("reasoning") or "") + reasoning
         messages[-1] = merged
     else:
         prefix: dict[str, Any] = {"role": "assistant", "content": text}

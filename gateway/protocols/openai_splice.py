@@ -17,6 +17,18 @@ from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 # what a chat delta may carry besides ``role``: a chunk with none of it (and no finish reason,
 # logprobs or usage) is the continuation's opening role chunk, which the client already had
 _DELTA_OUTPUT = ("content", "reasoning", "reasoning_content", "tool_calls", "refusal")
+# where a chat delta carries reasoning: vLLM's ``reasoning``, its older ``reasoning_content``;
+# versions between the two send both, holding the same text
+REASONING_KEYS = ("reasoning", "reasoning_content")
+
+
+def delta_reasoning(delta: dict[str, Any]) -> str | None:
+    """The reasoning text of a chat ``delta`` (read once when both keys carry it), or None."""
+    for key in REASONING_KEYS:
+        value = delta.get(key)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def stream_ending(
@@ -80,7 +92,7 @@ class OpenAISplice(StreamCodec):
     the output does not start with that tail (sampling chose another word), ``diverged`` is set
     and the chunk is an error: the relay continues again, carrying the whole text."""
 
-    __slots__ = ("base", "carried", "diverged", "field", "ident", "pending")
+    __slots__ = ("base", "carried", "diverged", "field", "ident", "offset", "pending")
 
     def __init__(self, base: Any, point: ResumePoint, carried: list[int]) -> None:
         super().__init__()
@@ -90,6 +102,9 @@ class OpenAISplice(StreamCodec):
         self.pending = point.heal  # the healed tail not yet seen again
         self.field = point.heal_field
         self.diverged = False
+        # legacy completions' ``text_offset`` counts from the continuation's own output, which
+        # starts after the carried text (vLLM's ``previous_text_lens``): shifted by its length
+        self.offset = len(point.text) - (len(point.heal) if point.heal_field == "content" else 0)
 
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data
@@ -110,6 +125,7 @@ class OpenAISplice(StreamCodec):
         if isinstance(choices, list) and choices:
             if _opening_only(choices):
                 return SKIP, b""
+            edited = False
             if self.pending:
                 kept = self._heal(choices[0])
                 if kept is None:
@@ -119,6 +135,10 @@ class OpenAISplice(StreamCodec):
                     return ERROR, self.error_event(self.error)
                 if not kept and doc.get("usage") is None:
                     return SKIP, b""
+                edited = True
+            if self.offset:
+                edited = _shift_offsets(choices, self.offset) or edited
+            if edited:
                 ev.data = orjson.dumps(doc)  # what the client gets: ``relayed`` keeps it
             for c in choices:  # the client had its role already
                 delta = c.get("delta")
@@ -145,31 +165,42 @@ class OpenAISplice(StreamCodec):
         """Drop from ``choice`` (choice 0 of a chunk, edited in place) the part of its text that
         repeats ``pending``. True: the choice still carries output, a finish reason or
         logprobs; False: nothing is left of it; None: its output is not ``pending``'s
-        continuation (diverged)."""
+        continuation (diverged): other output first, other text, or a finish other than
+        ``length`` before the whole tail came back (the engine ended where the client's text
+        goes on)."""
         if not isinstance(choice, dict):
             return True
         delta = choice.get("delta")
         chat = isinstance(delta, dict)
         holder: dict[str, Any] = delta if chat else choice  # type: ignore[assignment]
         keys = ("text",) if not chat else (
-            ("content",) if self.field == "content" else ("reasoning", "reasoning_content"))
-        key = next((k for k in keys if isinstance(holder.get(k), str) and holder[k]), None)
-        if key is None:  # other output before the tail came back: another path was taken
+            ("content",) if self.field == "content" else REASONING_KEYS)
+        present = [k for k in keys if isinstance(holder.get(k), str) and holder[k]]
+        if not present:  # other output before the tail came back: another path was taken
             others = _DELTA_OUTPUT if chat else ()
             if any(holder.get(k) for k in others if k not in keys):
                 return None
-            return _carries(choice)
-        piece: str = holder[key]
+            return None if self._ended_early(choice) else _carries(choice)
+        piece: str = holder[present[0]]
         n = min(len(piece), len(self.pending))
         if piece[:n] != self.pending[:n]:
             return None
         self.pending = self.pending[n:]
+        if self._ended_early(choice):
+            return None
         _drop_logprobs(choice, n, chat)
-        if piece[n:]:
-            holder[key] = piece[n:]
-            return True
-        del holder[key]
-        return _carries(choice)
+        for key in present:  # a version sending reasoning under both keys: both healed
+            rest = holder[key][n:]
+            if rest:
+                holder[key] = rest
+            else:
+                del holder[key]
+        return True if piece[n:] else _carries(choice)
+
+    def _ended_early(self, choice: dict[str, Any]) -> bool:
+        """True when ``choice`` finishes while part of the tail is still to come, for a reason
+        other than the output limit."""
+        return bool(self.pending) and choice.get("finish_reason") not in (None, "length")
 
     def error_event(self, err: GatewayError) -> bytes:
         return self.base.error_event(err)
@@ -211,7 +242,10 @@ def _carries(choice: dict[str, Any]) -> bool:
 
 def _drop_logprobs(choice: dict[str, Any], chars: int, chat: bool) -> None:
     """Drop from ``choice``'s logprobs the leading tokens whose text lies within its first
-    ``chars`` characters (the healed tail the client had, with its own logprobs)."""
+    ``chars`` characters (the healed tail the client had, with its own logprobs). A token
+    that straddles the tail's end (" lane" after the client had " l") keeps its entry, its
+    ``token`` (and ``bytes``; completions: ``text_offset``) cut to the part the client did not
+    have, so the tokens still spell the text; its ``logprob`` stays the whole token's."""
     lp = choice.get("logprobs")
     if not isinstance(lp, dict) or chars <= 0:
         return
@@ -221,14 +255,40 @@ def _drop_logprobs(choice: dict[str, Any], chars: int, chat: bool) -> None:
     while k < len(tokens) and isinstance(tokens[k], str) and seen + len(tokens[k]) <= chars:
         seen += len(tokens[k])
         k += 1
-    if not k:
-        return
+    cut = chars - seen  # characters of token ``k`` the client had
+    token = tokens[k] if k < len(tokens) else None
     if chat:
-        lp["content"] = lp["content"][k:]
+        entries = lp["content"][k:] if k else lp.get("content")
+        if k:
+            lp["content"] = entries
+        if cut and isinstance(token, str) and entries:
+            entry = dict(entries[0])
+            entry["token"] = token[cut:]
+            if isinstance(entry.get("bytes"), list):
+                entry["bytes"] = list(token[cut:].encode())
+            entries[0] = entry
         return
     for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-        if isinstance(lp.get(name), list):
+        if k and isinstance(lp.get(name), list):
             lp[name] = lp[name][k:]
+    if cut and isinstance(token, str) and lp.get("tokens"):
+        lp["tokens"][0] = token[cut:]
+        offsets = lp.get("text_offset")
+        if isinstance(offsets, list) and offsets and isinstance(offsets[0], int):
+            offsets[0] += cut
+
+
+def _shift_offsets(choices: list[Any], by: int) -> bool:
+    """Add ``by`` to each legacy completions choice's ``logprobs.text_offset``; True when one
+    was shifted."""
+    shifted = False
+    for c in choices:
+        lp = c.get("logprobs") if isinstance(c, dict) else None
+        offsets = lp.get("text_offset") if isinstance(lp, dict) else None
+        if isinstance(offsets, list) and offsets:
+            lp["text_offset"] = [o + by if isinstance(o, int) else o for o in offsets]
+            shifted = True
+    return shifted
 
 
 def _usage_object(engine: dict[str, Any], total: Usage) -> dict[str, Any]:
