@@ -37,6 +37,10 @@ class Faults(BaseModel):
     tool_call_after_chunks: int | None = Field(
         None, ge=0, description="chunks[:N] are content, chunks[N:] the arguments of a tool call"
     )
+    continuation_diverges: bool = Field(
+        False, description="a continuation (continue_final_message; a completions prompt "
+        "continuing its text) starts with '~' before what an uninterrupted generation has "
+        "there: sampling chose another token than the first attempt did")
     # connection and protocol faults
     reset_after_chunks: int | None = Field(None, ge=0, description="abort TCP after N events")
     malformed_after_chunks: int | None = Field(None, ge=0)

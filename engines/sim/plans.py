@@ -134,6 +134,8 @@ def _plan(
         if after is None:
             chunks = _scripted_rest(faults.chunks, prefix or "")
             items = [("c", c) for c in chunks] or [("c", "")]
+            if prefix is not None and faults.continuation_diverges:
+                items[0] = ("c", "~" + items[0][1])
             return Plan(idx, items, "stop", True)
         name = tool or "tool"
         content = faults.chunks[:after]
@@ -154,7 +156,10 @@ def _plan(
     finish = "length" if count >= limit and (ignore_eos or limit < natural) else "stop"
     if prefix is None:
         pieces = gen.pieces(prompt.key, i, count)
-    pieces, stopped = apply_stop(pieces[:count], stops)
+    pieces = list(pieces[:count])
+    if prefix is not None and faults.continuation_diverges and pieces:
+        pieces[0] = "~" + pieces[0]
+    pieces, stopped = apply_stop(pieces, stops)
     if stopped:
         finish = "stop"
     if not pieces:

@@ -111,6 +111,40 @@ def test_breaks_continue_along_the_fallback_chain(stack: Stack) -> None:
     assert any((r.get("body") or {}).get("continue_final_message") for r in last)
 
 
+def test_a_diverging_continuation_is_continued_again_carrying_the_whole_text(
+    stack: Stack,
+) -> None:
+    """Token healing's divergence: fast A breaks after "one two three " (" " regenerated),
+    fast B's continuation samples another token ("~ ", the replicas' fault) than the " " the
+    client has: the splice stops it before the client sees it, and the standard pool continues
+    carrying the whole text. Not counted as fast B's failure; the client's text is exact."""
+    words = ["one ", "two ", "three ", "four"]
+    fast = stack.sims["fast"]
+    with httpx.Client(timeout=5) as c:
+        for url in fast:
+            c.post(url + "/sim/faults", json={"continuation_diverges": True}).raise_for_status()
+    before = metric(stack, "speedgate_resumes_total", reason="diverged", outcome="resumed")
+    try:
+        body = {**scripted(reset_after_chunks=3), "model": f"{MODEL}-fast"}
+        body["sim_faults"]["chunks"] = words
+        out = run(stack, body)
+    finally:
+        with httpx.Client(timeout=5) as c:
+            for url in fast:
+                c.delete(url + "/sim/faults").raise_for_status()
+    clean(out, "".join(words))
+    assert "~" not in out["text"]
+    assert metric(stack, "speedgate_resumes_total", reason="diverged",
+                  outcome="resumed") == before + 1
+    def carried(tier: str) -> list[str]:
+        return [r["body"]["messages"][-1]["content"] for r in stack.sim_requests(tier)
+                if (r.get("body") or {}).get("continue_final_message")
+                and r["body"].get("sim_faults", {}).get("chunks") == words]
+
+    assert carried("fast") == ["one two three"]  # healed: " " left to regenerate
+    assert carried("standard") == ["one two three "]  # after the divergence: the whole text
+
+
 def test_generated_text_is_byte_identical(stack: Stack) -> None:
     msgs = [{"role": "user", "content": "Describe a river at dawn."}]
     whole = run(stack, {"messages": msgs})
