@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import sys
+import zlib
 from collections.abc import Awaitable, Callable
 
 import orjson
@@ -38,6 +39,8 @@ from engines.sim.config import SimConfig
 from engines.sim.faults import NO_FAULTS, Faults
 from engines.sim.metrics import CONTENT_TYPE
 from engines.sim.state import STATE, Counts, SimState
+from engines.sim.textgen import render_chat
+from engines.sim.textgen import tokenize as textgen_tokenize
 
 READY_LINE = "SPEEDGATE_SIM_READY port={port}"
 
@@ -74,6 +77,42 @@ async def models(request: web.Request) -> web.Response:
     st = request.app[STATE]
     body = P.models_list(st.config.model, st.created, st.config.max_model_len)
     return web.Response(body=body, content_type="application/json")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """``POST /tokenize`` (vLLM's, ``vllm/entrypoints/serve/tokenize``): ``{"prompt": str}``
+    or ``{"messages": [...]}`` (rendered as the chat endpoints render them) -> ``{"count",
+    "max_model_len", "tokens",
+    "token_strs"}``, counted by the simulator's tokenizer (``textgen.tokenize``: the tokens
+    its generated text is made of); ids are CRC32s of the token strings modulo 2**17. A
+    ``model`` other than the served one is vLLM's 404."""
+    st = request.app[STATE]
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        return error_response(st, None, 400, f"Invalid JSON in request body: {e}")
+    if not isinstance(body, dict):
+        return error_response(st, None, 400, "Request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != st.config.model:
+        return error_response(st, None, 404, f"The model `{model}` does not exist.",
+                              param="model")
+    if isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    elif isinstance(body.get("messages"), list):
+        try:
+            text = render_chat(body["messages"])
+        except ValueError as e:
+            return error_response(st, None, 400, str(e), param="messages")
+    else:
+        return error_response(st, None, 400, "'prompt' (a string) or 'messages' is required",
+                              param="prompt")
+    tokens = textgen_tokenize(text)
+    return _json({
+        "count": len(tokens), "max_model_len": st.config.max_model_len,
+        "tokens": [zlib.crc32(t.encode()) % 131072 for t in tokens],
+        "token_strs": tokens if body.get("return_token_strs") else None,
+    })
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -152,6 +191,7 @@ def build_app(config: SimConfig) -> web.Application:
     r.add_post("/v1/messages/count_tokens", count_tokens)
     r.add_get("/v1/models", models)
     r.add_get("/health", health)
+    r.add_post("/tokenize", tokenize)
     r.add_get("/metrics", metrics)
     r.add_get("/sim/requests", sim_requests)
     r.add_get("/sim/faults", sim_get_faults)

@@ -105,7 +105,9 @@ class ResumePoint:
     of the continuation's prompt and expected again at the start of its output (token healing:
     a word cut mid-way does not re-tokenize into the tokens the engine produced, so the engine
     regenerates it from a word boundary and the splice drops what the client already has);
-    empty: the whole text is carried."""
+    empty: the whole text is carried. ``carried_tokens``: the engine's own count of the
+    carried text (``carried()``, vLLM's ``/tokenize``), set by the continuation when the engine
+    answered it; None: the continuation shrinks the output limit by the estimate instead."""
 
     text: str = ""
     reasoning: str = ""
@@ -116,6 +118,17 @@ class ResumePoint:
     created: int | None = None
     blocker: str | None = None
     complete: bool = False
+    carried_tokens: int | None = None
+
+    def carried(self) -> tuple[str, str]:
+        """``(text, reasoning)`` as the continuation's prompt carries them: without the
+        healed tail."""
+        cut = len(self.heal)
+        if not cut:
+            return self.text, self.reasoning
+        if self.heal_field == "content":
+            return self.text[:-cut], self.reasoning
+        return self.text, self.reasoning[:-cut]
 
 
 class StreamCodec:

@@ -67,6 +67,14 @@ class AssemblyCodec(StreamCodec):
     def error_event(self, err: GatewayError) -> bytes:
         return OPENAI_ERRORS.event(err, 0)
 
+    def ending_after(
+        self, engine: Usage | None, usage: Usage | None, relayed: list[bytes],
+        ident: tuple[str | None, int | None],
+    ) -> bytes | None:
+        """None: a JSON answer whose every choice finished before a continuation broke is
+        served by ``gateway.relay.assembled`` (as after the first attempt), not ended here."""
+        return None
+
     def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
         return OpenAISplice(self, point, carried)
 

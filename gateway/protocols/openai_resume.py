@@ -132,7 +132,8 @@ def continuation_body(
 ) -> bytes:
     """The request continuing ``point``: the client's body with ``model`` the engine's,
     ``stream`` and ``stream_options.include_usage`` on (its usage is summed into the client's),
-    the output limits reduced by ``point.tokens`` (at least 1), and the partial output appended
+    the output limits reduced by the carried text's tokens (the engine's count,
+    ``point.carried_tokens``, else the estimate; at least 1), and the partial output appended
     (chat: to a final assistant message, the client's own prefill extended when it sent one;
     completions: to the prompt). ``priority``: vLLM's field, as for the first attempt."""
     doc: dict[str, Any] = dict(body.doc)
@@ -142,15 +143,13 @@ def continuation_body(
     opts["include_usage"] = True
     opts.pop("continuous_usage_stats", None)
     doc["stream_options"] = opts
-    text, reasoning = point.text, point.reasoning
-    cut = len(point.heal)
-    if cut and point.heal_field == "content":
-        text = text[:-cut]
-    elif cut:
-        reasoning = reasoning[:-cut]
+    text, reasoning = point.carried()
+    produced = point.carried_tokens  # the engine's count of the carried text, when it said
+    if produced is None:  # else the estimate: the healed tail is generated again
+        produced = point.tokens - count_text(point.heal)
     for key in ("max_tokens", "max_completion_tokens"):
-        if isinstance(doc.get(key), int):  # the healed tail is generated again
-            doc[key] = max(1, doc[key] - point.tokens + count_text(point.heal))
+        if isinstance(doc.get(key), int):
+            doc[key] = max(1, doc[key] - produced)
     if priority is not None:
         doc["priority"] = int(priority)
     if not chat:

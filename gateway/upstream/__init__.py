@@ -7,6 +7,8 @@
   chain, never after output reached the client;
 - ``continuation``: ``open_continuation`` and ``Resumption``, the attempt that continues a
   stream broken mid-way (same pool, then the fallback chain; never a replica that failed);
+  ``tokenize``: ``engine_token_count``, the engine's count of the text it carries (vLLM's
+  ``/tokenize``), which its output limit is shrunk by;
 - ``retry``: backoff with full jitter and ``RetryBudget``; ``outlier``: passive ejection;
   ``deadline``: the request's total deadline from the client's headers;
 - ``health``: ``HealthChecker``, active ``/health`` probes; ``discovery``: ``DnsDiscovery``,

@@ -24,6 +24,7 @@ from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
 from gateway.upstream.retry import full_jitter_backoff_s
+from gateway.upstream.tokenize import TOKENIZE_TIMEOUT_S, engine_token_count
 
 MIN_WAIT_S = 0.05  # shortest wait before looking again without a slot freed (seconds)
 MAX_BACKOFF_INDEX = 16  # backoff exponent cap (the wait is ``backoff_max_s`` long before)
@@ -72,6 +73,8 @@ async def open_continuation(
     route = res.plan.route or RouteRequest.from_doc(
         body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
     )
+    if point.carried_tokens is None:
+        point.carried_tokens = await _carried_tokens(state, res, pools, point)
     payloads = {
         id(p): protocol.continuation_body(
             body, p.config.served_model_name, point,
@@ -169,3 +172,23 @@ async def _try_pool(
         return opened, False
     res.stopped = "no-replica"
     return None, False
+
+
+async def _carried_tokens(
+    state: GatewayState, res: Resumption, pools: list[Pool], point: ResumePoint
+) -> int | None:
+    """The engine's count of the text the continuation carries (``engine_token_count``),
+    asked of the first usable replica that has not failed this request; None when there is
+    none or it cannot say."""
+    texts = point.carried()
+    if not any(texts):
+        return 0
+    loop = asyncio.get_running_loop()
+    for pool in pools:
+        for replica in pool.usable(loop.time()):
+            if replica in res.failed:
+                continue
+            left = min(TOKENIZE_TIMEOUT_S, res.deadline - loop.time())
+            return await engine_token_count(state.upstream, replica.url,
+                                            pool.config.served_model_name, texts, left)
+    return None

@@ -54,7 +54,8 @@ async def open_with_failover(
     headers): ``total_s`` may shorten the first pool's ``total_s``, which bounds the whole
     request; ``read_s`` bounds the wait for the first byte since the request arrived (every
     attempt) and the stall between events after it. ``avoid``: replicas to ask only when no
-    other is usable (e.g. those whose streams of this request broke before a fresh attempt).
+    other is usable, in their pool or a later one of the chain (e.g. those whose streams of
+    this request broke before a fresh attempt: the next tier before a replica that broke it).
 
     An in-stream error event with a client's 4xx code before any content (``stream-4xx``) is
     ambiguous: vLLM gives every exception in generation code 400 (``serving_chat``'s stream
@@ -96,7 +97,7 @@ async def open_with_failover(
         route = RouteRequest.from_doc(
             body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
         )
-    for pool in plan.chain:
+    for position, pool in enumerate(plan.chain):
         if deadline is None:  # the first pool's total timeout bounds the whole request
             total_s = total_timeout_s(pool.config.timeouts.total_s, timeouts.total_s)
             deadline = loop.time() + total_s
@@ -114,7 +115,9 @@ async def open_with_failover(
         for n in range(pool.config.retry.max_attempts):
             usable = pool.usable(loop.time())
             replica = await pick_replica(pool, route, usable, exclude=[*tried, *avoided])
-            if replica is None and avoided:  # avoiding is a preference: better than nothing
+            if (replica is None and avoided
+                    and not _usable_later(plan.chain, position, avoid, loop.time())):
+                # avoiding is a preference: a later pool's replica first, else better than none
                 replica = await pick_replica(pool, route, usable, exclude=tried)
             pause = 0.0
             if replica is None and n > 0 and last_reason != STREAM_4XX:
@@ -256,3 +259,8 @@ def _honour_retry_after(
     if replica not in pool.usable(now + wait):
         return None, 0.0
     return replica, max(wait, 0.001)
+
+
+def _usable_later(chain: list[Pool], position: int, avoid: Sequence[Replica], now: float) -> bool:
+    """True when a pool after ``chain[position]`` has a usable replica not in ``avoid``."""
+    return any(r not in avoid for p in chain[position + 1:] for r in p.usable(now))

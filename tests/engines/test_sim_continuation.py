@@ -82,3 +82,21 @@ def test_refused_like_vllm(sim: SimProcess) -> None:
                         add_generation_prompt=False)
     assert no_assistant.status_code == 400
     assert "final message" in no_assistant.json()["error"]["message"]
+
+
+def test_tokenize_counts_generated_text_as_it_was_generated(sim: SimProcess) -> None:
+    """vLLM's ``POST /tokenize``: the count of a generated text is the number of tokens that
+    produced it (the answer's ``completion_tokens``), so a continuation's ``max_tokens`` can be
+    shrunk by the engine's own count."""
+    whole = chat(sim, messages=MSGS).json()
+    text = whole["choices"][0]["message"]["content"]
+    r = httpx.post(sim.url + "/tokenize", json={"model": "m", "prompt": text,
+                                                "add_special_tokens": False})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["count"] == len(doc["tokens"]) == whole["usage"]["completion_tokens"]
+    assert set(doc) == {"count", "max_model_len", "tokens", "token_strs"}
+    chat_count = httpx.post(sim.url + "/tokenize", json={"messages": MSGS}).json()["count"]
+    assert chat_count > 0
+    assert httpx.post(sim.url + "/tokenize", json={"model": "x", "prompt": "a"}).status_code == 404
+    assert httpx.post(sim.url + "/tokenize", json={"model": "m"}).status_code == 400

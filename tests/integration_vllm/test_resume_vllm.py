@@ -95,6 +95,35 @@ def test_json_assembled_from_vllm_stream_equals_vllm_json(vllm_stack: VllmStack)
         assert tokens_a == tokens_b
 
 
+def test_vllm_counts_its_own_output_as_it_produced_it(vllm_stack: VllmStack) -> None:
+    """The count a continuation's output limit is shrunk by (``engine_token_count``, vLLM's
+    ``/tokenize`` of the carried text) is the number of tokens vLLM generated for that text, so
+    a resumed length-limited answer ends where the unbroken one does. Within the scripted
+    sentence: past it (``ignore_eos``) the model emits a token that decodes to nothing, which
+    no re-tokenization can count (the continuation may then run a token long)."""
+    import asyncio
+
+    from gateway.config import UpstreamConfig
+    from gateway.upstream.client import Upstream
+    from gateway.upstream.tokenize import engine_token_count
+
+    for n in (3, 7, 12):
+        answer = httpx.post(vllm_stack.fast + "/v1/chat/completions", timeout=60, json={
+            "model": MODEL, "messages": MESSAGES, "max_tokens": n, "temperature": 0,
+            **IGNORE_EOS}).json()
+        text = answer["choices"][0]["message"]["content"]
+        assert answer["usage"]["completion_tokens"] == n
+
+        async def count(text: str = text) -> int | None:
+            upstream = Upstream(UpstreamConfig())
+            try:
+                return await engine_token_count(upstream, vllm_stack.fast, MODEL, (text,), 10)
+            finally:
+                await upstream.close()
+
+        assert asyncio.run(count()) == n, (n, text)
+
+
 def test_a_break_at_any_character_continues_cleanly_on_vllm(vllm_stack: VllmStack) -> None:
     """The continuation the gateway sends for a stream cut after each character of the scripted
     sentence in turn (mid-word included) makes vLLM finish the sentence: the carried text ends

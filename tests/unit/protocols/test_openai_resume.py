@@ -74,6 +74,11 @@ def test_chat_continuation_body() -> None:
     assert up["max_tokens"] == 50 - point.tokens + count_text(" there")
     assert up["model"] == "served"
     assert up["stream_options"] == {"include_usage": True} and up["priority"] == 3
+    # the engine's own count of the carried text, when it gave one, replaces the estimate
+    point.carried_tokens = 1
+    up = orjson.loads(ChatProtocol().continuation_body(body, "served", point))
+    assert up["max_tokens"] == 49
+    assert point.carried() == ("Hello", "")
 
 
 def test_client_prefill_is_extended_not_duplicated() -> None:
