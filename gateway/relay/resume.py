@@ -28,12 +28,12 @@ from typing import Any
 
 from gateway.common.usage import Usage
 from gateway.errors import UpstreamTimeout
-from gateway.protocols.base import Protocol, StreamCodec
+from gateway.protocols.base import Protocol, ResumePoint, StreamCodec
 from gateway.relay.body import ParsedBody
 from gateway.relay.stream import StreamResult, relay_events
 from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tokencount import estimate_usage
+from gateway.telemetry.tokencount import count_text, estimate_usage
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.continuation import Resumption, open_continuation
@@ -133,8 +133,9 @@ async def relay_resumable(
                         entry["rule"], ",".join(rec.retries) or "none")
             break
         opened.close()
-        carried.append(max(0, point.tokens - before))
-        before = point.tokens
+        produced = _produced_tokens(point)
+        carried.append(max(0, produced - before))
+        before = produced
         entry.update(outcome="resumed", to_tier=nxt.attempt.pool.tier)
         if nxt.attempt.pool.tier != att.pool.tier:  # a fallback, as failover records one
             note = f"{att.pool.tier}:resume-{reason}"
@@ -179,6 +180,15 @@ async def _end_complete(
     if usage is None and estimate is not None:
         usage, rec.usage_estimated = estimate, True
     return events, usage
+
+
+def _produced_tokens(point: ResumePoint) -> int:
+    """Output tokens the broken attempts produced up to ``point``: the engine's count of the
+    carried text plus the healed tail's estimate when the continuation got that count
+    (``gateway.upstream.tokenize``), else the estimate of the whole text."""
+    if point.carried_tokens is None:
+        return point.tokens
+    return point.carried_tokens + count_text(point.heal)
 
 
 def _refusal(cfg: Any, reason: str, resumes: int) -> str | None:
