@@ -237,15 +237,17 @@ def test_stop_sequence_with_break_before_stop(stack: Stack) -> None:
 
 def test_logprobs_break(stack: Stack) -> None:
     body = {"model": FAST, "messages": gen_msgs("logprobs"), "logprobs": True, "top_logprobs": 2}
+    cb = {"model": FAST, "prompt": "Hi there", "logprobs": 2}
     whole = chat_stream(stack, body)
     clean(whole, whole["text"])
+    cw = chat_stream(stack, cb, path=COMPL)  # both references unbroken
     break_fast(stack, reset_after_chunks=7)
     out = chat_stream(stack, body)
     clean(out, whole["text"])
-    cb = {"model": FAST, "prompt": "Hi there", "logprobs": 2}
-    cw = chat_stream(stack, cb, path=COMPL)
     out = chat_stream(stack, cb, path=COMPL)
     clean(out, cw["text"], path=COMPL)
+    prompts = [r["body"].get("prompt") for r in stack.sim_requests()]
+    assert any(p and p.startswith("Hi there") and p != "Hi there" for p in prompts), prompts
 
 
 # ---------------------------------------------------------------- usage on / off
