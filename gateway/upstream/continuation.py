@@ -65,7 +65,10 @@ async def open_continuation(
     is a stall) and never past the request's deadline. Attempts are
     counted in ``rec.attempts`` and ``rec.retries`` (reason ``resume``) and the retry and
     attempt metrics, but take nothing from the pools' retry budgets; ``rec.served_tier`` and
-    ``rec.replica`` follow the replica that took over."""
+    ``rec.replica`` follow the replica that took over. First, when ``point`` has no engine
+    count of its carried text yet, one is asked of a usable replica (``_carried_tokens``,
+    ``gateway.upstream.tokenize``: at most ``TOKENIZE_TIMEOUT_S``), which the output limit of
+    the continuation is shrunk by."""
     loop = asyncio.get_running_loop()
     chain = res.plan.chain
     start = chain.index(broken) if broken in chain else 0
