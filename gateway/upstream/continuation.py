@@ -67,8 +67,8 @@ async def open_continuation(
     attempt metrics, but take nothing from the pools' retry budgets; ``rec.served_tier`` and
     ``rec.replica`` follow the replica that took over. First, when ``point`` has no engine
     count of its carried text yet, one is asked of a usable replica (``_carried_tokens``,
-    ``gateway.upstream.tokenize``: at most ``TOKENIZE_TIMEOUT_S``), which the output limit of
-    the continuation is shrunk by."""
+    ``gateway.upstream.tokenize``: at most ``TOKENIZE_TIMEOUT_S``, within the wait above), which
+    the output limit of the continuation is shrunk by."""
     loop = asyncio.get_running_loop()
     chain = res.plan.chain
     start = chain.index(broken) if broken in chain else 0
@@ -76,8 +76,12 @@ async def open_continuation(
     route = res.plan.route or RouteRequest.from_doc(
         body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
     )
+    # how long the continuation may wait for a usable replica: the request's deadline, and
+    # the stall timeout the client is already subject to (no event may lag by more than
+    # ``stall_s``; the broken pool's, counted from the break)
+    wait_until = min(res.deadline, loop.time() + broken.config.timeouts.stall_s)
     if point.carried_tokens is None:
-        point.carried_tokens = await _carried_tokens(state, res, pools, point)
+        point.carried_tokens = await _carried_tokens(state, res, pools, point, wait_until)
     payloads = {
         id(p): protocol.continuation_body(
             body, p.config.served_model_name, point,
@@ -85,10 +89,6 @@ async def open_continuation(
             else None)
         for p in pools
     }
-    # how long the continuation may wait for a usable replica: the request's deadline, and
-    # the stall timeout the client is already subject to (no event may lag by more than
-    # ``stall_s``; the broken pool's, counted from the break)
-    wait_until = min(res.deadline, loop.time() + broken.config.timeouts.stall_s)
     n = 0
     while True:
         n += 1
@@ -178,11 +178,12 @@ async def _try_pool(
 
 
 async def _carried_tokens(
-    state: GatewayState, res: Resumption, pools: list[Pool], point: ResumePoint
+    state: GatewayState, res: Resumption, pools: list[Pool], point: ResumePoint, until: float
 ) -> int | None:
     """The engine's count of the text the continuation carries (``engine_token_count``),
-    asked of the first usable replica that has not failed this request; None when there is
-    none or it cannot say."""
+    asked of the first usable replica that has not failed this request, for at most
+    ``TOKENIZE_TIMEOUT_S`` and never past ``until`` (loop time: the end of the continuation's
+    wait); None when there is none or it cannot say."""
     texts = point.carried()
     if not any(texts):
         return 0
@@ -191,7 +192,7 @@ async def _carried_tokens(
         for replica in pool.usable(loop.time()):
             if replica in res.failed:
                 continue
-            left = min(TOKENIZE_TIMEOUT_S, res.deadline - loop.time())
+            left = min(TOKENIZE_TIMEOUT_S, until - loop.time())
             return await engine_token_count(state.upstream, replica.url,
                                             pool.config.served_model_name, texts, left)
     return None
