@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.helpers import CHAT, metric
+from tests.e2e.helpers import CHAT, metric, wait_for
 from tests.e2e.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
@@ -89,11 +89,20 @@ def scripted(**faults) -> dict:
     {"malformed_after_chunks": 6},
 ])
 def test_break_resumed_in_the_same_pool(stack: Stack, fault: dict) -> None:
+    """Failure cases resume-reset and resume-stall (and a malformed event): one stream, the
+    whole text, one resume in the metric and in the access log."""
+
+    def logged() -> int:
+        return sum("resumes=1 " in ln and "tier=fast " in ln and "outcome=ok" in ln
+                   for ln in stack.log_path.read_text().splitlines())
+
     before = metric(stack, "speedgate_resumes_total", outcome="resumed")
+    lines = logged()
     out = run(stack, {**scripted(**fault), "model": f"{MODEL}-fast"})
     clean(out, FULL)
     assert out["tier"] == "fast"
     assert metric(stack, "speedgate_resumes_total", outcome="resumed") == before + 1
+    assert wait_for(lambda: logged() == lines + 1)
     # one usage: the continuation's prompt prefilled again is counted, with the carried text
     assert out["usage"][0]["completion_tokens"] >= len(CHUNKS)
 

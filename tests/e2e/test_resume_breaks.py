@@ -122,6 +122,13 @@ def break_fast(stack: Stack, **fault) -> None:
             c.post(u + "/sim/faults", json=fault).raise_for_status()
 
 
+def break_all(stack: Stack, **fault) -> None:
+    """Put ``fault`` on every replica of both tiers: no attempt can finish."""
+    with httpx.Client(timeout=5) as c:
+        for u in stack.all_sims():
+            c.post(u + "/sim/faults", json=fault).raise_for_status()
+
+
 def gen_msgs(tag: str) -> list[dict]:
     return [{"role": "user", "content": f"Tell me about {tag}."}]
 
@@ -403,9 +410,7 @@ def test_client_disconnect_during_stall(stack: Stack) -> None:
 # ---------------------------------------------------------------- every replica breaks
 
 def test_every_replica_breaks_one_error_no_hang(stack: Stack) -> None:
-    with httpx.Client(timeout=5) as c:
-        for u in stack.all_sims():
-            c.post(u + "/sim/faults", json={"reset_after_chunks": 3}).raise_for_status()
+    break_all(stack, reset_after_chunks=3)
     t0 = time.monotonic()
     out = chat_stream(stack, {"model": f"{MODEL}-fast", "messages": gen_msgs("allbreak"),
                               "max_tokens": 200, "sim_faults": {"output_tokens": 200}})
@@ -417,10 +422,7 @@ def test_every_replica_breaks_one_error_no_hang(stack: Stack) -> None:
 
 
 def test_every_replica_stalls_one_error_no_hang(stack: Stack) -> None:
-    with httpx.Client(timeout=5) as c:
-        for u in stack.all_sims():
-            c.post(u + "/sim/faults",
-                   json={"stall_after_chunks": 3, "stall_s": 60}).raise_for_status()
+    break_all(stack, stall_after_chunks=3, stall_s=60)
     t0 = time.monotonic()
     out = chat_stream(stack, {"model": f"{MODEL}-fast", "messages": gen_msgs("allstall"),
                               "max_tokens": 200, "sim_faults": {"output_tokens": 200}})
@@ -430,9 +432,7 @@ def test_every_replica_stalls_one_error_no_hang(stack: Stack) -> None:
 
 
 def test_every_replica_breaks_json(stack: Stack) -> None:
-    with httpx.Client(timeout=5) as c:
-        for u in stack.all_sims():
-            c.post(u + "/sim/faults", json={"reset_after_chunks": 3}).raise_for_status()
+    break_all(stack, reset_after_chunks=3)
     t0 = time.monotonic()
     r = post_json(stack, {"model": f"{MODEL}-fast", "messages": gen_msgs("alljson"),
                           "max_tokens": 200, "sim_faults": {"output_tokens": 200}})
