@@ -327,6 +327,14 @@ def start_raw_engine(model: str, chunks: int, cpus: set[int] | None = None) -> S
     return _spawn_server(cmd, cpus)
 
 
+def start_floor_proxy(upstream: str, cpus: set[int] | None = None) -> Server:
+    """``loadtests.floor_proxy`` (the gateway's HTTP stack passing bodies through, nothing
+    else) in front of ``upstream``, on a port it binds itself, optionally pinned to ``cpus``.
+    Returns at once; ``Server.wait_ready("/readyz")`` waits for it."""
+    cmd = [sys.executable, "-m", "loadtests.floor_proxy", "--upstream", upstream, "--port", "0"]
+    return _spawn_server(cmd, cpus)
+
+
 def start_gateway(
     config_path: str, log_path: str, cpus: set[int] | None = None, source: str | None = None
 ) -> Server:

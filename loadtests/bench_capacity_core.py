@@ -12,6 +12,9 @@ CPUs; ``--no-pin`` turns it off). Targets, measured side by side in one run, cel
   <commit>``): before/after figures from one run;
 - ``speedgate-2w``: the same gateway with ``server.workers: 2`` on every CPU
   (``--two-workers``; not pinned: what a user of this machine gets from a second worker);
+- ``floor``: ``loadtests.floor_proxy``, a pass-through proxy on the gateway's HTTP stack
+  (uvicorn, uvloop, httptools, aiohttp) doing nothing else, pinned like the gateway
+  (``--floor``): what the stack costs, apart from the gateway's own steps;
 - ``litellm``: LiteLLM's proxy as the reference row, when ``--litellm-venv`` holds one
   (``loadtests/bench_race.py`` creates it); ``--no-litellm`` skips it.
 
@@ -61,6 +64,7 @@ from loadtests._common import (
     install_loop,
     new_session,
     raise_on_sigterm,
+    start_floor_proxy,
     start_gateway,
     start_raw_engine,
     stop_processes,
@@ -173,6 +177,11 @@ class Setup:
                 log = (Path(self.tmp.name) / f"{name}.log").read_text(errors="replace")
                 raise RuntimeError(f"{name} did not start: {e}\n{log[-3000:]}") from None
             self.pids[name] = srv.pid
+        if a.floor:  # the HTTP stack alone, on the gateway's core
+            floor = start_floor_proxy(self.urls["direct"], self.server_cpus)
+            self.procs.append(floor.proc)
+            self.urls["floor"] = floor.wait_ready("/readyz")
+            self.pids["floor"] = floor.pid
         if a.litellm and (Path(a.litellm_venv) / "bin" / "litellm").exists():
             proc, url = start_litellm(
                 Path(a.litellm_venv), self.urls["direct"], Path(self.tmp.name),
@@ -188,7 +197,7 @@ class Setup:
         self.tmp.cleanup()
 
     def targets(self) -> list[str]:
-        order = ("direct", "speedgate", "base", "speedgate-2w", "litellm")
+        order = ("direct", "floor", "speedgate", "base", "speedgate-2w", "litellm")
         return [t for t in order if t in self.urls]
 
     def headers(self, target: str) -> dict[str, str] | None:
@@ -324,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default="", help="also run the gateway of this checkout")
     p.add_argument("--two-workers", action="store_true",
                    help="also run this gateway with server.workers 2, not pinned")
+    p.add_argument("--floor", action="store_true",
+                   help="also run loadtests.floor_proxy: the HTTP stack alone, pinned likewise")
     p.add_argument("--litellm-venv", default=str(DEFAULT_VENV))
     p.add_argument("--no-litellm", dest="litellm", action="store_false")
     p.add_argument("--no-pin", dest="pin", action="store_false")
