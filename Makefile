@@ -63,7 +63,7 @@ bench-clients: $(STAMP)  ## aiohttp vs httpx as the upstream client
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
 
-.PHONY: loadtest race capacity capacity-core
+.PHONY: loadtest race capacity capacity-core relay-events
 loadtest: $(STAMP)  ## locust on the CPU stack -> reports/loadtest-<time>/summary.md + plots (ARGS=...)
 	$(BIN)/python -m loadtests.run_loadtest $(ARGS)
 
@@ -75,6 +75,9 @@ capacity: $(STAMP)  ## concurrent slow streams one gateway process holds, memory
 
 capacity-core: $(STAMP)  ## req/s, latency, CPU and RSS per gateway core vs a raw engine (ARGS=--base DIR ...)
 	$(BIN)/python -m loadtests.bench_capacity_core $(ARGS)
+
+relay-events: $(STAMP)  ## gateway CPU per relayed event, tokens arriving one by one (ARGS=--base DIR ...)
+	$(BIN)/python -m loadtests.bench_relay_events $(ARGS)
 
 .PHONY: bench-flow
 bench-flow: $(STAMP)  ## flow control: interactive TTFT under a batch-agent flood, off vs on (ARGS=...)

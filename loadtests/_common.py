@@ -318,12 +318,15 @@ def start_sim(
     return _spawn_server(cmd, cpus)
 
 
-def start_raw_engine(model: str, chunks: int, cpus: set[int] | None = None) -> Server:
+def start_raw_engine(
+    model: str, chunks: int, cpus: set[int] | None = None, pace_s: float = 0.0
+) -> Server:
     """The raw zero-delay engine (``loadtests.raw_engine``: pre-serialised answers, ``chunks``
-    chat chunks per stream) answering as ``model``, on a port it binds itself, optionally
-    pinned to ``cpus``. Returns at once; ``Server.wait_ready("/health")`` waits for it."""
+    chat chunks per stream; ``pace_s`` > 0: one write per event, that many seconds apart)
+    answering as ``model``, on a port it binds itself, optionally pinned to ``cpus``. Returns
+    at once; ``Server.wait_ready("/health")`` waits for it."""
     cmd = [sys.executable, "-m", "loadtests.raw_engine", "--port", "0",
-           "--served-model-name", model, "--chunks", str(chunks)]
+           "--served-model-name", model, "--chunks", str(chunks), "--pace-s", str(pace_s)]
     return _spawn_server(cmd, cpus)
 
 

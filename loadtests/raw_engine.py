@@ -66,8 +66,10 @@ def _http_chunk(data: bytes) -> bytes:
 class Answers:
     """The pre-serialised responses (whole HTTP messages) for one served model name."""
 
-    def __init__(self, model: str, chunks: int) -> None:
-        events = b"".join(_chunk(model, i, chunks - 1) for i in range(chunks))
+    def __init__(self, model: str, chunks: int, pace_s: float = 0.0) -> None:
+        self.pace_s = pace_s
+        each = [_chunk(model, i, chunks - 1) for i in range(chunks)]
+        events = b"".join(each)
         usage = b"data: " + orjson.dumps({
             "id": "chatcmpl-raw", "object": "chat.completion.chunk", "created": _CREATED,
             "model": model, "choices": [], "usage": _usage(chunks),
@@ -77,6 +79,11 @@ class Answers:
                 b"transfer-encoding: chunked\r\n\r\n")
         self.stream = head + _http_chunk(events + done) + b"0\r\n\r\n"
         self.stream_usage = head + _http_chunk(events + usage + done) + b"0\r\n\r\n"
+        # paced (``--pace-s``): one write per event, as an engine decoding token by token
+        writes = [_http_chunk(e) for e in each]
+        writes[0] = head + writes[0]
+        self.paced = [*writes, _http_chunk(done) + b"0\r\n\r\n"]
+        self.paced_usage = [*writes, _http_chunk(usage), _http_chunk(done) + b"0\r\n\r\n"]
         self.hold = head + _http_chunk(_chunk(model, 0, chunks))
         body = orjson.dumps({
             "id": "chatcmpl-raw", "object": "chat.completion", "created": _CREATED,
@@ -134,10 +141,30 @@ class RawHTTP(asyncio.Protocol):
                 break
             body = buf[end + 4: end + 4 + length]
             buf = buf[end + 4 + length:]
-            transport.write(self._answer(head, body))
+            answer = self._answer(head, body)
+            if isinstance(answer, list):  # paced: the rest of the buffer waits for its end
+                self.holding = True
+                self.buf = buf
+                self._pace(answer, 0)
+                return
+            transport.write(answer)
         self.buf = buf
 
-    def _answer(self, head: bytes, body: bytes) -> bytes:
+    def _pace(self, writes: list[bytes], i: int) -> None:
+        """Write ``writes[i]``, the next one ``pace_s`` later; after the last, go on with the
+        requests buffered meanwhile."""
+        if self.transport is None:
+            return
+        self.transport.write(writes[i])
+        if i + 1 < len(writes):
+            asyncio.get_running_loop().call_later(self.answers.pace_s, self._pace, writes, i + 1)
+            return
+        self.holding = False
+        if self.buf:
+            buf, self.buf = self.buf, b""
+            self.data_received(buf)
+
+    def _answer(self, head: bytes, body: bytes) -> bytes | list[bytes]:
         a = self.answers
         if not head.startswith(b"POST "):
             return a.ok
@@ -150,7 +177,10 @@ class RawHTTP(asyncio.Protocol):
         if _HOLD.search(body) is not None:
             self.holding = True  # until the client closes the connection
             return a.hold
-        return a.stream_usage if _USAGE.search(body) is not None else a.stream
+        usage = _USAGE.search(body) is not None
+        if a.pace_s > 0:
+            return a.paced_usage if usage else a.paced
+        return a.stream_usage if usage else a.stream
 
     def _cut(self) -> None:
         """Close the connection after what was written (mid-body: a cut stream)."""
@@ -180,6 +210,8 @@ def main() -> None:
     p.add_argument("--port-file", default=None)
     p.add_argument("--served-model-name", default="raw")
     p.add_argument("--chunks", type=int, default=20, help="chat chunks per stream (≥ 1)")
+    p.add_argument("--pace-s", type=float, default=0.0,
+                   help="seconds between a stream's events, one write each (0: one write)")
     a = p.parse_args()
     if a.chunks < 1:
         p.error("--chunks must be at least 1")
@@ -191,7 +223,7 @@ def main() -> None:
     except ImportError:
         runner = asyncio.run
     try:
-        runner(serve(a.host, a.port, a.port_file, Answers(a.served_model_name, a.chunks)))
+        runner(serve(a.host, a.port, a.port_file, Answers(a.served_model_name, a.chunks, a.pace_s)))
     except KeyboardInterrupt:
         pass
 

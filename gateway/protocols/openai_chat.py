@@ -126,8 +126,11 @@ class OpenAIStream(StreamCodec):
         assert data is not None
         if ev.is_done:
             return DONE, DONE_EVENT
-        doc = json_object(data)
-        if doc is None:
+        try:  # json_object, inline: once per relayed token
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict):
             self.error = UpstreamError("engine sent a malformed event mid-stream")
             return ERROR, self.error_event(self.error)
         choices = doc.get("choices")

@@ -50,6 +50,15 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Add ``chunk`` and return the events it completed (possibly none)."""
+        if not self._buf and not self._pending_cr:
+            # the common case, inline: one read holding exactly one whole one-line event (an
+            # engine writes each token's event at once) and no ``\r``
+            end = len(chunk) - 2
+            if chunk.endswith(b"\n\n") and chunk.find(b"\n", 0, end) < 0 and b"\r" not in chunk:
+                if chunk[:6] == b"data: ":
+                    return [SSEEvent(chunk[6:end])]
+                ev = _parse_block(chunk[:end])
+                return [ev] if ev is not None else []
         if self._pending_cr:
             chunk = b"\r" + chunk
             self._pending_cr = False
@@ -71,6 +80,9 @@ class SSEParser:
         self._buf = rest
         events = []
         for block in blocks:
+            if block[:6] == b"data: " and b"\n" not in block:  # the common case, inline
+                events.append(SSEEvent(block[6:]))
+                continue
             ev = _parse_block(block)
             if ev is not None:
                 events.append(ev)

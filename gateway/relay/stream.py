@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.common.moving_deadline import MovingDeadline
 from gateway.common.usage import Usage
 from gateway.errors import (
     GatewayError,
@@ -114,7 +115,8 @@ async def relay_events(
     async def flush(out: list[bytes]) -> None:
         if out:
             body = out[0] if len(out) == 1 else b"".join(out)
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+            if body:  # nothing to write (an assembled answer's events): no send at all
+                await send({"type": "http.response.body", "body": body, "more_body": True})
 
     when = min(loop.time() + stall_s, deadline)
     try:
@@ -123,7 +125,8 @@ async def relay_events(
         await flush(out)
         if done:
             return _finish(result, codec)
-        async with asyncio.timeout_at(when) as cm:
+        # the stall window restarts at every read: a deadline that moves (no timer per read)
+        async with MovingDeadline(when) as cm:
             async for batch in batches:
                 out = []
                 done = frame(batch, out)
@@ -131,7 +134,7 @@ async def relay_events(
                 if done:
                     return _finish(result, codec)
                 when = min(loop.time() + stall_s, deadline)
-                cm.reschedule(when)
+                cm.extend(when)
         result.error = UpstreamError("upstream stream ended before its last event")
         result.reason = "eof"
     except UpstreamBrokenError as e:

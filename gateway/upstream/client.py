@@ -91,12 +91,13 @@ class UpstreamResponse:
         parser = SSEParser()
         content = self._resp.content
         broken: str | None = None
+        plain = self._decoder is None and self._undecodable is None  # set once, at the head
         try:
             while True:
                 chunk = await content.readany()
                 if not chunk:
                     break
-                events = parser.feed(self._decode(chunk))
+                events = parser.feed(chunk if plain else self._decode(chunk))
                 if events:
                     yield events
             if self._decoder is not None:

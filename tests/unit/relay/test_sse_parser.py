@@ -84,3 +84,13 @@ def test_encode_event_roundtrip_multiline():
     assert framed == b"data: a\ndata: b\n\n"
     events, _ = _events([framed])
     assert events[0].data == b"a\nb"
+
+
+def test_one_event_per_read_takes_the_same_events():
+    """Each event in a read of its own (an engine writing token by token: the parser's
+    inline path), also a lone blank line and a ``\\r\\n`` event between them."""
+    reads = [e + b"\n\n" for e in STREAM.split(b"\n\n") if e]
+    events, p = _events([b"\n\n", *reads[:2], b"data: x\r\n\r\n", *reads[2:]])
+    want = [*EXPECTED[:2], (b"x", None, False), *EXPECTED[2:]]
+    assert _summary(events) == want
+    assert not p.has_partial
