@@ -49,23 +49,25 @@ class ChunkRewriter:
     """Rewrites engine JSON chunks for the client: ``model`` back to the client-facing name and
     ``service_tier`` set to the tier that served. Byte splices, no parse."""
 
-    __slots__ = ("_model_new", "_model_old", "_tier_prefix", "client_model", "service_tier")
+    __slots__ = ("_model_new", "_model_old", "_renamed", "_tier_prefix", "client_model",
+                 "service_tier")
 
     def __init__(self, served_model: str, client_model: str, service_tier: str) -> None:
         self.client_model = client_model
         self.service_tier = service_tier
         self._model_old = b'"model":' + orjson.dumps(served_model)
         self._model_new = b'"model":' + orjson.dumps(client_model)
+        self._renamed = self._model_old != self._model_new
         self._tier_prefix = b'{"service_tier":' + orjson.dumps(service_tier) + b","
 
     def chunk(self, data: bytes, doc: dict[str, Any]) -> bytes:
         """Rewrite one SSE data payload whose parsed form is ``doc``: byte splices in the
         common case (compact JSON as vLLM writes it), re-serialised otherwise."""
-        if self._model_old != self._model_new and doc.get("model") is not None:
-            spliced = data.replace(self._model_old, self._model_new, 1)
-            if spliced is data or spliced == data:
+        if self._renamed and doc.get("model") is not None:
+            at = data.find(self._model_old)
+            if at < 0:  # written some other way (spaces, escapes): re-serialised
                 return self.body(doc)
-            data = spliced
+            data = data[:at] + self._model_new + data[at + len(self._model_old) :]
         tier = doc.get("service_tier", _MISSING)
         if tier is _MISSING:
             return self._tier_prefix + data[1:]
@@ -124,7 +126,7 @@ class OpenAIStream(StreamCodec):
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data
         assert data is not None
-        if ev.is_done:
+        if data == b"[DONE]":  # ev.is_done, inline
             return DONE, DONE_EVENT
         try:  # json_object, inline: once per relayed token
             doc = orjson.loads(data)

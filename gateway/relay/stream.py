@@ -85,10 +85,11 @@ async def relay_events(
         its last event seen (``result.ok``), or an engine error / malformed event
         (``result.error``, its error event appended)."""
         now = loop.time()
+        event = codec.event
         for ev in events:
             if ev.data is None:
                 continue
-            verdict, data = codec.event(ev)
+            verdict, data = event(ev)
             if verdict == CONTENT:
                 result.events += 1
                 if itl is not None:
