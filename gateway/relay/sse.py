@@ -53,8 +53,9 @@ class SSEParser:
         if not self._buf and not self._pending_cr:
             # the common case, inline: one read holding exactly one whole one-line event (an
             # engine writes each token's event at once) and no ``\r``
+            # (``13 in``, an int: a plain memchr, several times faster than ``b"\r" in``)
             end = len(chunk) - 2
-            if chunk.endswith(b"\n\n") and chunk.find(b"\n", 0, end) < 0 and b"\r" not in chunk:
+            if chunk[-2:] == b"\n\n" and chunk.index(10) == end and 13 not in chunk:
                 if chunk[:6] == b"data: ":
                     return [SSEEvent(chunk[6:end])]
                 ev = _parse_block(chunk[:end])
@@ -62,7 +63,7 @@ class SSEParser:
         if self._pending_cr:
             chunk = b"\r" + chunk
             self._pending_cr = False
-        if b"\r" in chunk:
+        if 13 in chunk:  # b"\r"
             if chunk.endswith(b"\r"):
                 # Could be the first half of "\r\n": decide when the next bytes arrive.
                 chunk = chunk[:-1]
@@ -134,7 +135,7 @@ def _parse_block(block: bytes) -> SSEEvent | None:
 
 def encode_event(data: bytes) -> bytes:
     """Frame ``data`` as one SSE event (``data: ...\\n\\n``; one ``data:`` line per line)."""
-    if b"\n" in data:
+    if 10 in data:  # b"\n" (an int: a plain memchr)
         return b"".join(b"data: " + line + b"\n" for line in data.split(b"\n")) + b"\n"
     return b"data: " + data + b"\n\n"
 
