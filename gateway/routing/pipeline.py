@@ -206,6 +206,8 @@ class PoolRouter:
         return "spill"
 
     def _record(self, session: str, blocks: list[bytes], indices: list[int], name: str) -> None:
+        if self.store.record_nowait(self.pool.key, session, blocks, indices, name):
+            return  # in-process: done, no task (one less task and loop turn per request)
         coro = self.store.record(self.pool.key, session, blocks, indices, name)
         task = asyncio.get_running_loop().create_task(coro)
         self._pending.add(task)

@@ -55,6 +55,12 @@ class RoutingStore(Protocol):
     ) -> None:
         """Bind ``session`` and ``blocks[i]`` (``i`` in ``indices``) to ``replica``."""
 
+    def record_nowait(
+        self, pool: str, session: str, blocks: list[bytes], indices: list[int], replica: str
+    ) -> bool:
+        """``record`` done at once when it needs no I/O (an in-process store): True; False
+        when the caller must await ``record`` (in a task of its own: a shared store)."""
+
     async def ping(self) -> bool:
         """One cheap call, so an idle gateway notices that Redis came back."""
 
@@ -111,10 +117,16 @@ class MemoryRoutingStore:
     async def record(
         self, pool: str, session: str, blocks: list[bytes], indices: list[int], replica: str
     ) -> None:
+        self.record_nowait(pool, session, blocks, indices, replica)
+
+    def record_nowait(
+        self, pool: str, session: str, blocks: list[bytes], indices: list[int], replica: str
+    ) -> bool:
         sessions, table = self._tables(pool)
         sessions.put(session, replica)
         for i in reversed(indices):  # shallow first: the deepest ends most recently used
             table.put(blocks[i], replica)
+        return True
 
     async def ping(self) -> bool:
         return True
@@ -221,6 +233,11 @@ class RedisRoutingStore:
                 return await pipe.execute()
 
         await self._call(run)
+
+    def record_nowait(
+        self, pool: str, session: str, blocks: list[bytes], indices: list[int], replica: str
+    ) -> bool:
+        return False  # a network round trip: the caller awaits ``record`` in a task
 
     async def ping(self) -> bool:
         return bool(await self._call(self.client.ping))

@@ -387,3 +387,19 @@ def test_item3_sessions_ending_unevenly_never_move_the_rest():
         assert new is not pool.replicas[0]
 
     asyncio.run(run())
+
+
+def test_in_process_bindings_are_recorded_inline_without_a_task():
+    """The in-process store binds at once (``record_nowait``): the next request of the session
+    finds its replica with no task left to drain; a shared store's record runs in a task."""
+
+    async def run():
+        pool = _pool(4)
+        router = PoolRouter(pool, MemoryRoutingStore(), random.Random(0))
+        first = await router.pick(RouteRequest.from_doc(_doc(3), "s1"), pool.replicas)
+        assert not router._pending
+        first.inflight = 1  # a little load elsewhere must not move the session
+        again = await router.pick(RouteRequest.from_doc(_doc(4), "s1"), pool.replicas)
+        assert again is first
+
+    asyncio.run(run())
