@@ -70,7 +70,9 @@ class ChunkRewriter:
             data = data[:at] + self._model_new + data[at + len(self._model_old) :]
         tier = doc.get("service_tier", _MISSING)
         if tier is _MISSING:
-            return self._tier_prefix + data[1:]
+            if data[0] == 0x7B and data[1] == 0x22:  # '{"' (compact, a first key): spliced in
+                return self._tier_prefix + data[1:]
+            return self.body(doc)  # '{}', or whitespace before or inside the brace
         if tier != self.service_tier:
             return self.body(doc)
         return data
