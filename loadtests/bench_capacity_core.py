@@ -122,6 +122,20 @@ def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) ->
             "max_pause_ms": round(after.get("speedgate_process_gc_pause_max_seconds", 0) * 1e3, 3)}
 
 
+def gateway_config(engine_url: str, workers: int = 1) -> dict[str, Any]:
+    """The benchmarks' gateway config: one standard pool of the engine at ``engine_url``
+    (served as ``SERVED``, asked for as ``MODEL``), ``workers`` processes, no access log,
+    health probes every 2 s, timeouts far above any cell's (seconds)."""
+    return {
+        "server": {"host": "127.0.0.1", "port": 0, "workers": workers, "log_level": "warning",
+                   "access_log": False},
+        "health": {"enabled": True, "interval_s": 2, "timeout_s": 1},
+        "models": {MODEL: {"tiers": {"standard": {
+            "served_model_name": SERVED, "endpoints": [engine_url],
+            "timeouts": {"connect_s": 5, "ttft_s": 60, "stall_s": 30, "total_s": 120}}}}},
+    }  # fmt: skip
+
+
 class Setup:
     """The engine, the gateways and LiteLLM, started and stopped together."""
 
@@ -145,14 +159,7 @@ class Setup:
         self.procs.append(engine.proc)
         self.urls["direct"] = engine.wait_ready("/health")
         cfg_path = Path(self.tmp.name) / "gateway.yaml"
-        cfg_path.write_text(yaml.safe_dump({
-            "server": {"host": "127.0.0.1", "port": 0, "workers": a.workers,
-                       "log_level": "warning", "access_log": False},
-            "health": {"enabled": True, "interval_s": 2, "timeout_s": 1},
-            "models": {MODEL: {"tiers": {"standard": {
-                "served_model_name": SERVED, "endpoints": [self.urls["direct"]],
-                "timeouts": {"connect_s": 5, "ttft_s": 60, "stall_s": 30, "total_s": 120}}}}},
-        }))  # fmt: skip
+        cfg_path.write_text(yaml.safe_dump(gateway_config(self.urls["direct"], a.workers)))
         gateways: dict[str, tuple[str | None, Path, set[int] | None]] = {
             "speedgate": (None, cfg_path, self.server_cpus)}
         if a.base:

@@ -51,7 +51,7 @@ from loadtests._common import (
     start_raw_engine,
     stop_processes,
 )
-from loadtests.bench_capacity_core import MODEL, SERVED, tree_cpu_s
+from loadtests.bench_capacity_core import MODEL, SERVED, gateway_config, tree_cpu_s
 
 KINDS = ("stream", "non-stream")
 
@@ -67,14 +67,7 @@ def start(args: argparse.Namespace, tmp: Path, procs: list[Any]) -> tuple[dict[s
     procs.append(engine.proc)
     direct = engine.wait_ready("/health")
     cfg = tmp / "gateway.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "server": {"host": "127.0.0.1", "port": 0, "workers": 1, "log_level": "warning",
-                   "access_log": False},
-        "health": {"enabled": True, "interval_s": 2, "timeout_s": 1},
-        "models": {MODEL: {"tiers": {"standard": {
-            "served_model_name": SERVED, "endpoints": [direct],
-            "timeouts": {"connect_s": 5, "ttft_s": 60, "stall_s": 30, "total_s": 120}}}}},
-    }))  # fmt: skip
+    cfg.write_text(yaml.safe_dump(gateway_config(direct)))
     servers = {"floor": start_floor_proxy(direct, server)}
     servers["speedgate"] = start_gateway(str(cfg), str(tmp / "speedgate.log"), cpus=server)
     if args.base:

@@ -209,3 +209,18 @@ class Stack:
                             if isinstance(v, int | float):
                                 total[k] = total.get(k, 0) + v
         return total
+
+
+RESUME_SIM_ARGS = ("--time-scale", "0.02", "--seed", "0", "--output-tokens", "30")
+
+
+def resume_stack(path: Path, budget_min_retries: int) -> Stack:
+    """The (not started) stack of the resume tests: 2 simulators per tier (time scale 0.02,
+    seed 0, 30 tokens), short staged timeouts (stall 1 s), up to 3 resumes per stream, outlier
+    ejection off (every break is a scripted fault), a retry budget of at least
+    ``budget_min_retries`` retries."""
+    return Stack(path, replicas_per_tier=2, sim_args=RESUME_SIM_ARGS,
+                 timeouts={"connect_s": 1, "ttft_s": 3, "stall_s": 1, "total_s": 30},
+                 pool_overrides={"resume": {"max_resumes": 3},
+                                 "retry": {"budget_min_retries": budget_min_retries},
+                                 "outlier": {"enabled": False}})

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from tests.e2e.helpers import CHAT, metric, wait_for
-from tests.e2e.stack import MODEL, Stack
+from tests.e2e.stack import MODEL, RESUME_SIM_ARGS, Stack, resume_stack
 
 pytestmark = pytest.mark.e2e
 CHUNKS = [f"part{i} " for i in range(10)]
@@ -20,16 +20,11 @@ FULL = "".join(CHUNKS)
 # for breaks every 3 chunks along the whole chain (4 replicas): each continuation regenerates
 # the word it was cut in (token healing), so it adds 2 new chunks; 8 fit into 4 attempts
 CHAIN_CHUNKS = CHUNKS[:8]
-SIM_ARGS = ("--time-scale", "0.02", "--seed", "0", "--output-tokens", "30")
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("resume"), replicas_per_tier=2, sim_args=SIM_ARGS,
-              timeouts={"connect_s": 1, "ttft_s": 3, "stall_s": 1, "total_s": 30},
-              pool_overrides={"resume": {"max_resumes": 3},
-                              "retry": {"budget_min_retries": 50},
-                              "outlier": {"enabled": False}})
+    s = resume_stack(tmp_path_factory.mktemp("resume"), budget_min_retries=50)
     s.start()
     yield s
     s.stop()
@@ -204,7 +199,7 @@ def test_unresumable_rules_end_in_band(stack: Stack) -> None:
 
 
 def test_resume_disabled_pool(tmp_path) -> None:
-    s = Stack(tmp_path, replicas_per_tier=2, sim_args=SIM_ARGS, tiers=("standard",),
+    s = Stack(tmp_path, replicas_per_tier=2, sim_args=RESUME_SIM_ARGS, tiers=("standard",),
               pool_overrides={"resume": {"enabled": False}})
     s.start()
     try:
@@ -278,7 +273,7 @@ def test_continuations_do_not_spend_the_retry_budget(tmp_path) -> None:
     """A pool whose retry budget allows no retry at all still resumes its broken streams:
     continuations are bounded by ``max_resumes``, not by the budget (a replica dying with many
     streams open must not lose most of them). They are still counted as retries."""
-    s = Stack(tmp_path, replicas_per_tier=2, sim_args=SIM_ARGS, tiers=("standard",),
+    s = Stack(tmp_path, replicas_per_tier=2, sim_args=RESUME_SIM_ARGS, tiers=("standard",),
               pool_overrides={"retry": {"budget_percent": 0, "budget_min_retries": 0},
                               "outlier": {"enabled": False}})
     s.start()
@@ -360,7 +355,7 @@ def test_continuation_waits_for_a_saturated_pool(tmp_path) -> None:
     then continues on the freed replica once X ends (its client leaves)."""
     import threading
 
-    s = Stack(tmp_path, replicas_per_tier=2, sim_args=SIM_ARGS, tiers=("standard",),
+    s = Stack(tmp_path, replicas_per_tier=2, sim_args=RESUME_SIM_ARGS, tiers=("standard",),
               timeouts={"connect_s": 1, "ttft_s": 5, "stall_s": 20, "total_s": 60},
               pool_overrides={"max_inflight_per_replica": 1,
                               "retry": {"backoff_base_s": 0.01, "backoff_max_s": 0.05},

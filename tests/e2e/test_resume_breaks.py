@@ -16,21 +16,16 @@ import orjson
 import pytest
 
 from tests.e2e.helpers import CHAT, wait_for
-from tests.e2e.stack import MODEL, Stack
+from tests.e2e.stack import MODEL, Stack, resume_stack
 
 pytestmark = pytest.mark.e2e
 COMPL = "/v1/completions"
-SIM_ARGS = ("--time-scale", "0.02", "--seed", "0", "--output-tokens", "30")
 RNG = random.Random(1234)
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("breaker"), replicas_per_tier=2, sim_args=SIM_ARGS,
-              timeouts={"connect_s": 1, "ttft_s": 3, "stall_s": 1, "total_s": 30},
-              pool_overrides={"resume": {"max_resumes": 3},
-                              "retry": {"budget_min_retries": 500},
-                              "outlier": {"enabled": False}})
+    s = resume_stack(tmp_path_factory.mktemp("breaker"), budget_min_retries=500)
     s.start()
     yield s
     s.stop()
@@ -409,26 +404,22 @@ def test_client_disconnect_during_stall(stack: Stack) -> None:
 
 # ---------------------------------------------------------------- every replica breaks
 
-def test_every_replica_breaks_one_error_no_hang(stack: Stack) -> None:
-    break_all(stack, reset_after_chunks=3)
+@pytest.mark.parametrize(("faults", "bound_s"), [
+    ({"reset_after_chunks": 3}, 15),
+    ({"stall_after_chunks": 3, "stall_s": 60}, 25),
+], ids=["reset", "stall"])
+def test_every_replica_breaks_one_error_no_hang(stack: Stack, faults: dict, bound_s: float) -> None:
+    """Every replica breaks the stream (a reset, or a stall past stall_s): one in-band error
+    after the relayed part, no [DONE], no finish, one stream id, within the request's bounds."""
+    break_all(stack, **faults)
     t0 = time.monotonic()
-    out = chat_stream(stack, {"model": f"{MODEL}-fast", "messages": gen_msgs("allbreak"),
+    out = chat_stream(stack, {"model": f"{MODEL}-fast", "messages": gen_msgs(f"all{faults}"),
                               "max_tokens": 200, "sim_faults": {"output_tokens": 200}})
     dt = time.monotonic() - t0
-    assert dt < 15, dt
+    assert dt < bound_s, dt
     assert len(out["errors"]) == 1 and out["done"] == 0 and out["after_error"] == 0
     assert len(out["finishes"]) == 0 and out["roles"] == 1
     assert len(out["ids"]) == 1
-
-
-def test_every_replica_stalls_one_error_no_hang(stack: Stack) -> None:
-    break_all(stack, stall_after_chunks=3, stall_s=60)
-    t0 = time.monotonic()
-    out = chat_stream(stack, {"model": f"{MODEL}-fast", "messages": gen_msgs("allstall"),
-                              "max_tokens": 200, "sim_faults": {"output_tokens": 200}})
-    dt = time.monotonic() - t0
-    assert dt < 25, dt
-    assert len(out["errors"]) == 1 and out["done"] == 0 and out["after_error"] == 0
 
 
 def test_every_replica_breaks_json(stack: Stack) -> None:

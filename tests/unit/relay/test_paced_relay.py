@@ -7,38 +7,16 @@ reference cycle left."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import orjson
 import uvloop
 
-from gateway.app import SpeedgateApp, create_app
-from gateway.config import load_config
-from loadtests.raw_engine import Answers, RawHTTP
-from tests.unit.telemetry.test_gcstats import Call, chat, cycles_found_by_collection
+from loadtests.raw_engine import Answers
+from tests.unit.telemetry.test_gcstats import Call, chat, cycles_found_by_collection, gateway
 
 CHUNKS, PACE, STALL = 30, 0.03, 0.25  # 0.9 s per stream; 220 ms of slack per event
-
-
-@contextlib.asynccontextmanager
-async def paced_gateway() -> AsyncIterator[SpeedgateApp]:
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: RawHTTP(Answers("served", CHUNKS, PACE)), "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    cfg = load_config(health={"enabled": False}, models={"m": {"tiers": {"standard": {
-        "served_model_name": "served", "endpoints": [url],
-        "timeouts": {"stall_s": STALL, "ttft_s": 5, "total_s": 30}}}}})
-    gw = create_app(cfg)
-    try:
-        async with gw.api.router.lifespan_context(gw.api):
-            yield gw
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 def _events(call: Call) -> list[bytes]:
@@ -47,7 +25,8 @@ def _events(call: Call) -> list[bytes]:
 
 
 async def _paced() -> None:
-    async with paced_gateway() as app:
+    timeouts = {"stall_s": STALL, "ttft_s": 5, "total_s": 30}
+    async with gateway(Answers("served", CHUNKS, PACE), timeouts) as app:
         await Call(chat(True)).run(app)
         gc.collect()
         gc.disable()

@@ -5,38 +5,18 @@ engine holds each stream after its first event: every request is cut, whatever t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import uvloop
 
-from gateway.app import SpeedgateApp, create_app
-from gateway.config import load_config
-from loadtests.raw_engine import Answers, RawHTTP
-from tests.unit.telemetry.test_gcstats import Call, chat, cycles_found_by_collection
-
-
-@contextlib.asynccontextmanager
-async def stalling_gateway() -> AsyncIterator[SpeedgateApp]:
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: RawHTTP(Answers("served", 20)), "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    cfg = load_config(health={"enabled": False}, models={"m": {"tiers": {"standard": {
-        "served_model_name": "served", "endpoints": [url],
-        "timeouts": {"stall_s": 0.05, "ttft_s": 5, "total_s": 30}}}}})
-    gw = create_app(cfg)
-    try:
-        async with gw.api.router.lifespan_context(gw.api):
-            yield gw
-    finally:
-        server.close()
-        await server.wait_closed()
+from loadtests.raw_engine import Answers
+from tests.unit.telemetry.test_gcstats import Call, chat, cycles_found_by_collection, gateway
 
 
 async def _stalls() -> None:
-    async with stalling_gateway() as app:
+    timeouts = {"stall_s": 0.05, "ttft_s": 5, "total_s": 30}
+    async with gateway(Answers("served", 20), timeouts) as app:
         def calls() -> list[Call]:
             return [Call(chat(True, user="hold")), Call(chat(False, user="hold"))]
 

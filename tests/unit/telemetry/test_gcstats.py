@@ -108,13 +108,19 @@ async def burst(app: SpeedgateApp, n: int) -> Counter[int]:
 
 
 @contextlib.asynccontextmanager
-async def gateway() -> AsyncIterator[SpeedgateApp]:
-    """The app, started, in front of the raw engine (both in this event loop)."""
+async def gateway(
+    answers: Answers | None = None, timeouts: dict[str, float] | None = None
+) -> AsyncIterator[SpeedgateApp]:
+    """The app, started, in front of the raw engine (both in this event loop): ``answers``
+    (default 20 chunks per stream, in one write), the pool's ``timeouts`` (default config)."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: RawHTTP(Answers("served", 20)), "127.0.0.1", 0)
+    answers = answers or Answers("served", 20)
+    server = await loop.create_server(lambda: RawHTTP(answers), "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    cfg = load_config(health={"enabled": False}, models={"m": {"tiers": {"standard": {
-        "served_model_name": "served", "endpoints": [url]}}}})
+    tier: dict[str, Any] = {"served_model_name": "served", "endpoints": [url]}
+    if timeouts is not None:
+        tier["timeouts"] = timeouts
+    cfg = load_config(health={"enabled": False}, models={"m": {"tiers": {"standard": tier}}})
     gw = create_app(cfg)
     try:
         async with gw.api.router.lifespan_context(gw.api):
