@@ -82,10 +82,9 @@ async def models(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     """``POST /tokenize`` (vLLM's, ``vllm/entrypoints/serve/tokenize``): ``{"prompt": str}``
     or ``{"messages": [...]}`` (rendered as the chat endpoints render them) -> ``{"count",
-    "max_model_len", "tokens",
-    "token_strs"}``, counted by the simulator's tokenizer (``textgen.tokenize``: the tokens
-    its generated text is made of); ids are CRC32s of the token strings modulo 2**17. A
-    ``model`` other than the served one is vLLM's 404."""
+    "max_model_len", "tokens", "token_strs"}``, counted by the simulator's tokenizer
+    (``textgen.tokenize``: the tokens its generated text is made of); ids are CRC32s of the
+    token strings modulo 2**17. A ``model`` other than the served one is vLLM's 404."""
     st = request.app[STATE]
     try:
         body = orjson.loads(await request.read())

@@ -47,7 +47,7 @@ class AssemblyCodec(StreamCodec):
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data
         assert data is not None
-        if data == b"[DONE]":  # ev.is_done, inline: once per token of the answer
+        if ev.is_done:
             return DONE, b""
         if not data or data[0] != 0x7B or data[-1] != 0x7D:  # not "{...}"
             self.error = UpstreamError("engine sent a malformed event mid-stream")

@@ -128,13 +128,10 @@ class OpenAIStream(StreamCodec):
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data
         assert data is not None
-        if data == b"[DONE]":  # ev.is_done, inline
+        if ev.is_done:
             return DONE, DONE_EVENT
-        try:  # json_object, inline: once per relayed token
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            doc = None
-        if not isinstance(doc, dict):
+        doc = json_object(data)
+        if doc is None:
             self.error = UpstreamError("engine sent a malformed event mid-stream")
             return ERROR, self.error_event(self.error)
         choices = doc.get("choices")

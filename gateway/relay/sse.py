@@ -81,9 +81,6 @@ class SSEParser:
         self._buf = rest
         events = []
         for block in blocks:
-            if block[:6] == b"data: " and b"\n" not in block:  # the common case, inline
-                events.append(SSEEvent(block[6:]))
-                continue
             ev = _parse_block(block)
             if ev is not None:
                 events.append(ev)
@@ -108,7 +105,7 @@ def _parse_block(block: bytes) -> SSEEvent | None:
     """Parse the lines of one event (without its terminating blank line)."""
     if not block:
         return None
-    if block.startswith(b"data: ") and b"\n" not in block:  # the common case, one data line
+    if block[:6] == b"data: " and 10 not in block:  # the common case, one data line
         return SSEEvent(block[6:])
     data: list[bytes] = []
     event: bytes | None = None
