@@ -42,7 +42,7 @@ demo: $(RUNTIME)  ## simulated standard + fast pools and a gateway on http://127
 
 test: $(STAMP)  ## lint, the docs site (strict: dead links fail), the whole test suite; starts Redis if needed
 	$(BIN)/ruff check .
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	bash tests/ensure-redis.sh
 	$(BIN)/pytest -q
 
