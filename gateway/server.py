@@ -78,6 +78,8 @@ def raise_fd_limit(server: ServerConfig) -> ServerConfig:
         return server
     want = 2 * server.max_connections + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return server
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if target > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))

@@ -77,3 +77,6 @@ def test_no_cap_and_a_higher_soft_limit_are_left_alone(limits):
     lim = limits(1024, 2048)
     srv = ServerConfig(max_connections=0)
     assert srvmod.raise_fd_limit(srv) is srv and lim.soft == 1024
+    inf = srvmod.resource.RLIM_INFINITY  # an unlimited soft limit is never set to a number
+    lim = limits(inf, inf)
+    assert srvmod.raise_fd_limit(ServerConfig()).max_connections == 10_000 and lim.soft == inf
