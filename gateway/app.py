@@ -335,15 +335,14 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         if session_id is None and key_id is None:
             err = GatewayError("give session_id (and, for its budget, key_id) or key_id",
                                status=400, type="invalid_request_error", param="session_id")
-            return Response(err.to_bytes(), status_code=400, media_type="application/json")
+            return _error(err)
         store = holder["state"].usage
         try:
             totals = await (store.get_session(session_id) if session_id is not None
                             else store.get_key(key_id or ""))
         except UsageStoreUnavailable:
-            err = GatewayError("usage store unavailable", status=503, code="state_unavailable")
-            return Response(err.to_bytes(), status_code=503, media_type="application/json",
-                            headers={"retry-after": "5"})
+            return _error(GatewayError("usage store unavailable", status=503,
+                                       code="state_unavailable", retry_after_s=5))
         scope: dict[str, Any] = (
             {"session_id": session_id} if session_id is not None else {"key_id": key_id}
         )
@@ -365,12 +364,11 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             code={404: "not_found", 405: "method_not_allowed"}.get(status),
         )
         return Response(err.to_bytes(), status_code=status, media_type="application/json",
-                        headers=dict(exc.headers or {}))
+                        headers={**err.headers(), **dict(exc.headers or {})})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-        err = GatewayError(str(exc), status=400, type="invalid_request_error")
-        return Response(err.to_bytes(), status_code=400, media_type="application/json")
+        return _error(GatewayError(str(exc), status=400, type="invalid_request_error"))
 
     if console is not None:  # GET /console, /v1/console/state and the / redirect
         install_console(app, ConsoleSources(

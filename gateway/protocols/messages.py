@@ -9,10 +9,11 @@ without rewriting earlier turns, so the engine's prefix cache still hits. **Fiel
 does not own are forwarded untouched** (``thinking`` of any type, ``context_management``,
 ``output_config``, ``metadata``, future ones): the gateway refuses only what it reads; the
 engine ignores what its schema does not know (vLLM's request models ignore extra fields). The
-``?beta=true`` query and the ``anthropic-beta`` header change nothing. Anthropic's ``service_tier`` (``auto`` | ``standard_only``) is the tier hint:
-``standard_only`` → standard, ``auto`` → the model's default (Anthropic API reference,
-"Messages": ``auto`` uses priority capacity when available, which is the deployment's default
-choice here). Owned field: ``model``. Clients authenticate with ``x-api-key`` (or Bearer).
+``?beta=true`` query and the ``anthropic-beta`` header change nothing. Anthropic's
+``service_tier`` (``auto`` | ``standard_only``) is the tier hint: ``standard_only`` →
+standard, ``auto`` → the model's default (Anthropic API reference, "Messages": ``auto`` uses
+priority capacity when available, which is the deployment's default choice here).
+Owned field: ``model``. Clients authenticate with ``x-api-key`` (or Bearer).
 
 Stream (Anthropic API reference, "Streaming messages"; vLLM 0.32
 ``entrypoints/anthropic/serving.py``): typed events ``message_start``, ``content_block_start``,
