@@ -40,6 +40,7 @@ from gateway.errors import GatewayError
 from gateway.handler import Endpoint
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
+from gateway.protocols.errors import ANTHROPIC_ERRORS, OPENAI_ERRORS
 from gateway.protocols.registry import (
     build_protocols,
     cancel_bus,
@@ -356,15 +357,23 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """No route (404) or no such method (405), in the API's own shape: a path the gateway
+        cannot serve is OpenAI's ``Invalid URL (METHOD /path)`` (Anthropic's
+        ``not_found_error`` under ``/v1/messages``), so clients fall back."""
         status = exc.status_code
+        path = request.url.path
+        message = (f"Invalid URL ({request.method} {path})" if status == 404
+                   else str(exc.detail))
         err = GatewayError(
-            str(exc.detail),
+            message,
             status=status,
             type="invalid_request_error" if status < 500 else "server_error",
             code={404: "not_found", 405: "method_not_allowed"}.get(status),
         )
-        return Response(err.to_bytes(), status_code=status, media_type="application/json",
-                        headers={**err.headers(), **dict(exc.headers or {})})
+        shape = ANTHROPIC_ERRORS if path.startswith("/v1/messages") else OPENAI_ERRORS
+        headers = {k.decode(): v.decode() for k, v in shape.headers(err)}
+        return Response(shape.body(err, request_id(request.scope)), status_code=status,
+                        media_type="application/json", headers=headers | dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
