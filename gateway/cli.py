@@ -1,4 +1,4 @@
-"""The ``speedgate`` command: ``serve``, ``demo``, ``check-config`` and ``keygen``
+"""The ``speedgate`` command: ``serve``, ``picker``, ``demo``, ``check-config`` and ``keygen``
 (argparse)."""
 
 from __future__ import annotations
@@ -45,6 +45,28 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"speedgate: cannot listen on {config.server.host}:{config.server.port}: {e}",
               file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_picker(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from gateway.picker.server import serve_picker
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"speedgate: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.server.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        asyncio.run(serve_picker(config, args.host, args.port, args.port_file,
+                                 max_endpoints=args.max_endpoints))
+    except OSError as e:
+        print(f"speedgate: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
     return 0
 
@@ -134,6 +156,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="log level (server.log_level); the access log is at info",
     )
     s.set_defaults(func=_cmd_serve)
+
+    pk = sub.add_parser(
+        "picker",
+        help="serve as the endpoint picker of an Envoy gateway (ext_proc gRPC)",
+        description="Serve Envoy's ext_proc gRPC service as a Gateway API Inference Extension "
+        "endpoint picker: Envoy sends each request's headers and body, speedgate answers the "
+        "replica (x-gateway-destination-endpoint) chosen by the config's tiers, routing and "
+        "admission; gRPC health for liveness, readiness and the ext_proc service.",
+    )
+    pk.add_argument("--config", "-c", required=True, help=f"YAML config file (see {EXAMPLE})")
+    pk.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    pk.add_argument("--port", type=int, default=9002, help="gRPC port (default 9002)")
+    pk.add_argument("--port-file", metavar="PATH",
+                    help="write the bound port to PATH once serving (with --port 0)")
+    pk.add_argument("--max-endpoints", type=int, default=1, metavar="N",
+                    help="endpoints per pick, in order (1 for an ORIGINAL_DST cluster; more "
+                    "for a data plane whose retries walk the list)")
+    pk.set_defaults(func=_cmd_picker)
 
     c = sub.add_parser(
         "check-config",
