@@ -10,12 +10,14 @@ picker's event loop, in the order of the gateway's lifespan (``gateway.app``).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from gateway.admit.control import AdmissionControl, build_admission
 from gateway.admit.gate import Gate
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
+from gateway.picker.kube import KubePods
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
 from gateway.routing.pools import PoolRegistry
@@ -23,6 +25,8 @@ from gateway.routing.service import RoutingService
 from gateway.upstream.client import Upstream
 from gateway.upstream.discovery import DnsDiscovery
 from gateway.upstream.health import HealthChecker
+
+log = logging.getLogger("speedgate.picker")
 
 
 @dataclass(slots=True, eq=False)
@@ -41,6 +45,7 @@ class PickerRuntime:
     health: HealthChecker | None = None
     routing: RoutingService | None = None
     discoveries: list[DnsDiscovery] = field(default_factory=list)
+    pod_watches: list[KubePods] = field(default_factory=list)
     ready: bool = False
 
     @classmethod
@@ -55,9 +60,32 @@ class PickerRuntime:
             auto=AutoTier(config, pools), redis=redis,
         )
 
+    def watch_pods(self, model: str, api: str, namespace: str, selector: str,
+                   target_port: int, **options: object) -> KubePods:
+        """Take ``model``'s endpoints from the Kubernetes pods of ``selector`` (both tiers'
+        pods in one pool, tier by label: ``gateway.picker.kube``) instead of the config's
+        ``endpoints``, which serve until the first list; ``options`` go to ``KubePods``.
+        Raises ``ValueError`` for a model not in the config."""
+        if model not in self.config.models:
+            raise ValueError(f"--k8s-model {model!r} is not a model of the config")
+        pools = {p.tier: p for p in self.pools.all() if p.model == model}
+        default = self.config.models[model].default_tier
+        options.setdefault("default_tier", default if default != "auto" else "standard")
+
+        def apply(by_tier: dict[str, list[str]]) -> None:
+            for tier, pool in pools.items():
+                pool.set_endpoints(by_tier.get(tier, []))
+            for tier in set(by_tier) - set(pools):
+                log.warning("pods labelled tier %r: model %s has no such tier", tier, model)
+
+        watch = KubePods(api, namespace, selector, target_port, apply, **options)  # type: ignore[arg-type]
+        self.pod_watches.append(watch)
+        return watch
+
     async def start(self) -> None:
         """Start the upstream client (health probes and ``/metrics`` scrapes only: the
-        picker never carries a request), DNS discovery, probes, routing and the auto tier."""
+        picker never carries a request), DNS discovery, the pod watches (waiting for their
+        first list: not ready before), probes, routing and the auto tier."""
         self.upstream = upstream = Upstream(self.config.upstream)
         self.health = HealthChecker(self.config.health, self.pools, upstream)
         self.routing = RoutingService(self.config, self.pools, upstream, redis=self.redis)
@@ -71,6 +99,9 @@ class PickerRuntime:
                 await disc.resolve_once()
                 disc.start()
                 self.discoveries.append(disc)
+        for watch in self.pod_watches:
+            watch.start()
+            await watch.synced.wait()
         self.health.start()
         self.routing.start()
         self.auto.start()
@@ -85,6 +116,8 @@ class PickerRuntime:
             await self.routing.stop()
         for disc in self.discoveries:
             await disc.stop()
+        for watch in self.pod_watches:
+            await watch.stop()
         if self.health is not None:
             await self.health.stop()
         if self.upstream is not None:

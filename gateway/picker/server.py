@@ -22,7 +22,6 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from gateway.config import GatewayConfig
 from gateway.picker.decide import Picker
 from gateway.picker.runtime import PickerRuntime
 from gateway.picker.stream import PickerStream
@@ -94,14 +93,15 @@ class PickerServer:
 
 
 async def serve_picker(
-    config: GatewayConfig, host: str, port: int, port_file: str | None = None,
+    runtime: PickerRuntime, host: str, port: int, port_file: str | None = None,
     max_endpoints: int = 1,
 ) -> None:
-    """Run a picker until SIGTERM or SIGINT; writes the bound port to ``port_file`` once
-    serving (how tests and scripts find it with ``port`` 0)."""
+    """Run a picker over ``runtime`` until SIGTERM or SIGINT; writes the bound port to
+    ``port_file`` once serving (how tests and scripts find it with ``port`` 0)."""
     from engines.procs import write_port_file
 
-    server = PickerServer(PickerRuntime.build(config), host, port, max_endpoints)
+    config = runtime.config
+    server = PickerServer(runtime, host, port, max_endpoints)
     await server.start()
     log.info("speedgate picker serving ext_proc on %s:%d", host, server.port)
     if port_file:
