@@ -1,0 +1,43 @@
+"""The picker's endpoint sources other than Kubernetes: static ``endpoints`` from the config,
+and DNS ``discovery`` (the name resolved at start, before readiness)."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.config import GatewayConfig
+from gateway.picker.decide import Picker, endpoint_of
+from gateway.picker.runtime import PickerRuntime
+from gateway.picker.server import picker_protocols
+
+BODY = json.dumps({"model": "m", "max_tokens": 2,
+                   "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+async def test_static_and_dns_endpoints() -> None:
+    cfg = GatewayConfig(
+        health={"interval_s": 3600, "unhealthy_threshold": 5},
+        models={"m": {"fallback": {"fast": "standard"}, "tiers": {
+            "standard": {"served_model_name": "m",
+                         "discovery": {"host": "localhost", "port": 8123, "family": "ipv4"}},
+            "fast": {"served_model_name": "m", "endpoints": ["http://127.0.0.7:9000"]},
+        }}},
+    )
+    rt = PickerRuntime.build(cfg)
+    assert not rt.ready
+    await rt.start()
+    try:
+        assert rt.ready
+        std, fast = rt.pools.get("m", "standard"), rt.pools.get("m", "fast")
+        assert std is not None and fast is not None
+        assert [r.url for r in std.replicas] == ["http://127.0.0.1:8123"]
+        picker = Picker(rt, picker_protocols())
+        pick = await picker.pick({":path": "/v1/chat/completions"}, BODY, None)
+        assert endpoint_of(pick.endpoints[0]) == "127.0.0.1:8123"
+        await picker.finish(pick, None)
+        pick = await picker.pick({":path": "/v1/chat/completions",
+                                  "x-speedgate-tier": "fast"}, BODY, None)
+        assert endpoint_of(pick.endpoints[0]) == "127.0.0.7:9000"
+        await picker.finish(pick, None)
+    finally:
+        await rt.stop()
