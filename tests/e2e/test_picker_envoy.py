@@ -18,7 +18,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.envoy_stack import EnvoyPicker, envoy_binary
+from gateway.picker.envoy import envoy_binary
+from tests.e2e.envoy_stack import EnvoyPicker
 from tests.e2e.helpers import wait_for
 from tests.e2e.stack import MODEL, Stack
 
