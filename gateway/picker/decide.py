@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gateway.admit.control import Ticket
+from gateway.admit.flow.control import BYTES_PER_TOKEN
 from gateway.admit.flow.refusal import QueueRefused
 from gateway.admit.ratelimit import Reservation
 from gateway.common.ids import bounded_id
@@ -258,6 +259,18 @@ class Picker:
         headers.append(("x-speedgate-replica", served.name))
         return headers
 
+    def _estimate(self, pick: Pick) -> Usage:
+        """Usage of a served request the picker saw no usage for (the response body not
+        streamed to it): the body's bytes at ``BYTES_PER_TOKEN`` for the prompt and its output
+        cap (``max_tokens``, ``max_completion_tokens``, else ``flow_control.
+        default_output_tokens``) for the completion, the estimates admission reserved with:
+        such a request is charged, not refunded."""
+        doc = pick.body.doc
+        cap = doc.get("max_completion_tokens") or doc.get("max_tokens")
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
+            cap = self.runtime.config.flow_control.default_output_tokens
+        return Usage(prompt=int(len(pick.body.raw) / BYTES_PER_TOKEN), completion=cap)
+
     def _release(self, pick: Pick) -> None:
         held, pick.held = pick.held, None
         if held is None:
@@ -274,9 +287,11 @@ class Picker:
         read from the response body, when the picker saw it) and the rate-limit reservation
         back. Idempotent."""
         if pick.finished:
-            return
+            return  # (a 2xx answer whose usage the picker did not see is charged its estimate)
         pick.finished = True
         rec = pick.rec
+        if usage is None and 200 <= pick.status < 300:
+            usage, rec.usage_estimated = self._estimate(pick), True
         rec.usage = usage
         served = pick.served or pick.endpoints[0]
         pool = self._pool_of(served)

@@ -43,7 +43,8 @@ def _cluster(name: str, hosts: list[tuple[str, int]], http2: bool = False) -> di
 
 def envoy_config(picker_port: int | None, replicas: list[str], fail_open: bool = False,
                  body_mode: str = "FULL_DUPLEX_STREAMED", picker_host: str = "127.0.0.1",
-                 listen: str = "127.0.0.1", port: int = 0) -> dict:
+                 listen: str = "127.0.0.1", port: int = 0,
+                 response_body: bool = True) -> dict:
     """A static Envoy bootstrap (module docstring) as a dict (write it as YAML or JSON).
 
     ``picker_port``: the picker's gRPC port (None: no ext_proc filter, Envoy's round robin
@@ -52,7 +53,9 @@ def envoy_config(picker_port: int | None, replicas: list[str], fail_open: bool =
     ``BUFFERED``: a full-duplex body already handed to a failed picker stream cannot be
     replayed); ``body_mode``: ``FULL_DUPLEX_STREAMED`` or ``BUFFERED``, both ways;
     ``listen``/``port``: the HTTP listener (port 0: the kernel picks; the admin API, on
-    loopback port 0 too, reports it)."""
+    loopback port 0 too, reports it); ``response_body``: False sends the picker the response
+    headers only (``NONE``: no per-chunk cost, but no usage for the session budgets and rate
+    limits; the served endpoint, status and in-flight counts still reach the ledgers)."""
     hosts = []
     for u in replicas:
         host, replica_port = u.split("://", 1)[1].rsplit(":", 1)
@@ -64,7 +67,8 @@ def envoy_config(picker_port: int | None, replicas: list[str], fail_open: bool =
         "message_timeout": "10s",
         "processing_mode": {
             "request_header_mode": "SEND", "response_header_mode": "SEND",
-            "request_body_mode": body_mode, "response_body_mode": body_mode,
+            "request_body_mode": body_mode,
+            "response_body_mode": body_mode if response_body else "NONE",
             "request_trailer_mode": "SEND", "response_trailer_mode": "SEND",
         },
         "response_attributes": ["upstream.address"],
