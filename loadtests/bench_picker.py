@@ -72,7 +72,8 @@ def config(urls: list[str]) -> dict[str, Any]:
 
 
 async def measure(urls: dict[str, str], pids: dict[str, list[tuple[str, int]]],
-                  concurrency: list[int], duration_s: float, repeats: int) -> list[dict]:
+                  concurrency: list[int], duration_s: float, repeats: int,
+                  output_tokens: int = OUTPUT_TOKENS) -> list[dict]:
     """Every path × stream × concurrency cell, ``repeats`` rounds; medians."""
     results: dict[tuple[str, bool, int], list[dict]] = defaultdict(list)
     async with new_session() as session:
@@ -82,13 +83,14 @@ async def measure(urls: dict[str, str], pids: dict[str, list[tuple[str, int]]],
                     order = PATHS if rnd % 2 == 0 else tuple(reversed(PATHS))
                     for path in order:
                         fn = aiohttp_request(session, urls[path] + "/v1/chat/completions",
-                                             chat_body(MODEL, stream, OUTPUT_TOKENS), stream)
+                                             chat_body(MODEL, stream, output_tokens), stream)
                         await closed_loop(fn, c, 0.5)  # warm-up
                         before = {n: cpu_seconds(p) or 0.0 for n, p in pids[path]}
                         cell = await closed_loop(fn, c, duration_s)
                         after = {n: cpu_seconds(p) or 0.0 for n, p in pids[path]}
                         row = cell.summary()
-                        events = OUTPUT_TOKENS + 3 if stream else 1  # role, content, usage, DONE
+                        # role, one per token, usage, [DONE]
+                        events = output_tokens + 3 if stream else 1
                         for n in before:
                             us = (after[n] - before[n]) / max(cell.ok, 1) * 1e6
                             row[f"cpu_us_per_req[{n}]"] = round(us, 1)
@@ -140,6 +142,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--body-mib", type=float, default=4.0)
+    ap.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
+                    help="tokens per answer (the simulators' cap is 16 unless asked for more)")
     ap.add_argument("--json", action="store_true", help="print JSON, not a table")
     args = ap.parse_args()
     binary = envoy_binary()
@@ -150,7 +154,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="speedgate-bench-picker-"))
     procs = []
     try:
-        sims = [start_sim(MODEL, OUTPUT_TOKENS, ("--max-model-len", "8388608",
+        sims = [start_sim(MODEL, args.output_tokens, ("--max-model-len", "8388608",
                                                  "--num-gpu-blocks", "600000"))
                 for _ in range(2)]
         procs += [s.proc for s in sims]
@@ -181,7 +185,8 @@ def main() -> int:
                 "envoy+picker-headers": [("envoy", env_h.pid), ("picker", picker.proc.pid)],
                 "envoy-rr": [("envoy", env_r.pid)]}
         # direct: one simulator; the others spread over both (the floor is per simulator)
-        rows = asyncio.run(measure(urls, pids, args.concurrency, args.duration, args.repeats))
+        rows = asyncio.run(measure(urls, pids, args.concurrency, args.duration, args.repeats,
+                                   args.output_tokens))
         report: dict[str, Any] = {"cells": rows, "cpus": os.cpu_count()}
         if args.body_mib > 0:
             report["large_body"] = asyncio.run(large_body(urls, picker.proc.pid, env_p.pid,
