@@ -200,6 +200,33 @@ def test_saturated_pool_is_shed_with_429(env: EnvoyPicker) -> None:
     _chat(env, f"after {uuid.uuid4().hex}", model=f"{MODEL}-fast")
 
 
+def test_client_gone_gives_the_slots_back(env: EnvoyPicker) -> None:
+    """A client that leaves a held fast request: Envoy ends the picker's stream, which gives
+    the replica's in-flight slot and the pool's admission slot back. Without that, one of the
+    two fast slots stays taken and the second of two held requests below is shed (429)."""
+    for _ in range(2):
+        with httpx.stream("POST", env.base_url + "/v1/chat/completions", timeout=30, json={
+                "model": f"{MODEL}-fast", "max_tokens": 2, "stream": True, **HOLD,
+                "messages": [{"role": "user", "content": "leave"}]}) as r:
+            assert r.status_code == 200
+            assert wait_for(lambda: len(env.stack.sim_requests("fast")) >= 1, timeout_s=10)
+        env.stack.reset_sims()
+    statuses: list[int] = []
+
+    def hold() -> None:
+        r = httpx.post(env.base_url + "/v1/chat/completions", timeout=30, json={
+            "model": f"{MODEL}-fast", "max_tokens": 2, **HOLD,
+            "messages": [{"role": "user", "content": "hold"}]})
+        statuses.append(r.status_code)
+
+    threads = [threading.Thread(target=hold) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert statuses == [200, 200]
+
+
 def test_buffered_body_mode(env: EnvoyPicker) -> None:
     url = env.add_envoy(fail_open=False, body_mode="BUFFERED")
     marker = f"buffered {uuid.uuid4().hex}"
