@@ -41,10 +41,29 @@ def _cluster(name: str, hosts: list[tuple[str, int]], http2: bool = False) -> di
     return c
 
 
+def _override_host_cluster(name: str, hosts: list[tuple[str, int]]) -> dict:
+    """A static cluster of ``hosts`` whose load balancer takes the host from the picker's
+    header (a comma-separated ordered list: each retry takes the next), round robin when the
+    header is absent (Envoy's ``envoy.load_balancing_policies.override_host``)."""
+    c = _cluster(name, hosts)
+    del c["lb_policy"]
+    lb = "type.googleapis.com/envoy.extensions.load_balancing_policies."
+    c["load_balancing_policy"] = {"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.override_host",
+        "typed_config": {
+            "@type": lb + "override_host.v3.OverrideHost",
+            "override_host_sources": [{"header": "x-gateway-destination-endpoint"}],
+            "fallback_policy": {"policies": [{"typed_extension_config": {
+                "name": "envoy.load_balancing_policies.round_robin",
+                "typed_config": {"@type": lb + "round_robin.v3.RoundRobin"}}}]},
+        }}}]}
+    return c
+
+
 def envoy_config(picker_port: int | None, replicas: list[str], fail_open: bool = False,
                  body_mode: str = "FULL_DUPLEX_STREAMED", picker_host: str = "127.0.0.1",
                  listen: str = "127.0.0.1", port: int = 0,
-                 response_body: bool = True) -> dict:
+                 response_body: bool = True, walk_list: bool = False) -> dict:
     """A static Envoy bootstrap (module docstring) as a dict (write it as YAML or JSON).
 
     ``picker_port``: the picker's gRPC port (None: no ext_proc filter, Envoy's round robin
@@ -55,7 +74,11 @@ def envoy_config(picker_port: int | None, replicas: list[str], fail_open: bool =
     ``listen``/``port``: the HTTP listener (port 0: the kernel picks; the admin API, on
     loopback port 0 too, reports it); ``response_body``: False sends the picker the response
     headers only (``NONE``: no per-chunk cost, but no usage for the session budgets and rate
-    limits; the served endpoint, status and in-flight counts still reach the ledgers)."""
+    limits; the served endpoint, status and in-flight counts still reach the ledgers);
+    ``walk_list``: route picks to a cluster of the known replicas under Envoy's
+    ``override_host`` load-balancing policy, which takes the header's ordered list and moves
+    down it on each retry (run the picker with ``--max-endpoints`` above 1), with a retry
+    policy of two retries on connect failures and 5xx, instead of ``ORIGINAL_DST``."""
     hosts = []
     for u in replicas:
         host, replica_port = u.split("://", 1)[1].rsplit(":", 1)
@@ -81,7 +104,9 @@ def envoy_config(picker_port: int | None, replicas: list[str], fail_open: bool =
         "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
             {"match": {"prefix": "/", "headers": [
                 {"name": "x-gateway-destination-endpoint", "present_match": True}]},
-             "route": {"cluster": "picked", "timeout": "60s"}},
+             "route": {"cluster": "picked", "timeout": "60s",
+                       **({"retry_policy": {"retry_on": "connect-failure,refused-stream,5xx",
+                                            "num_retries": 2}} if walk_list else {})}},
             {"match": {"prefix": "/"}, "route": {"cluster": "round_robin", "timeout": "60s"}},
         ]}]},
         "http_filters": [
@@ -102,6 +127,7 @@ def envoy_config(picker_port: int | None, replicas: list[str], fail_open: bool =
                     "typed_config": hcm}]}],
             }],
             "clusters": [
+                _override_host_cluster("picked", hosts) if walk_list else
                 {"name": "picked", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
                  "connect_timeout": "1s",
                  "original_dst_lb_config": {

@@ -33,6 +33,8 @@ class EnvoyPicker:
     stack: Stack
     fail_open: bool = False
     body_mode: str = "FULL_DUPLEX_STREAMED"
+    max_endpoints: int = 1  # the picker's --max-endpoints
+    walk_list: bool = False  # Envoy's override_host policy walks the list on retries
     picker_port: int = 0
     base_url: str = ""
     admin_url: str = ""
@@ -55,12 +57,13 @@ class EnvoyPicker:
     def start_picker(self) -> None:
         """Start ``speedgate picker`` (on ``picker_port``: 0 the first time, then the same
         port again, as a restarted pod behind a stable address) and wait for its port."""
-        cfg_path = self.stack.tmp / "picker.yaml"
+        cfg_path = self.stack.tmp / f"picker-{id(self)}.yaml"
         cfg_path.write_text(yaml.safe_dump(self.stack.config))
         log = (self.stack.tmp / "picker.log").open("ab")
         proc, url = spawn_reporting_port(
             [sys.executable, "-m", "gateway", "picker", "-c", str(cfg_path),
-             "--host", "127.0.0.1", "--port", str(self.picker_port)],
+             "--host", "127.0.0.1", "--port", str(self.picker_port),
+             "--max-endpoints", str(self.max_endpoints)],
             stdout=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.picker_port = int(url.rsplit(":", 1)[1])
@@ -87,7 +90,7 @@ class EnvoyPicker:
                      body_mode: str | None = None) -> None:
         cfg = envoy_config(self.picker_port, self.stack.all_sims(),
                            self.fail_open if fail_open is None else fail_open,
-                           body_mode or self.body_mode)
+                           body_mode or self.body_mode, walk_list=self.walk_list)
         self.envoy, self.base_url, self.admin_url = start_envoy(
             binary, cfg, self.stack.tmp, f"envoy-{len(self.procs)}")
         self.procs.append(self.envoy)

@@ -236,6 +236,33 @@ def test_buffered_body_mode(env: EnvoyPicker) -> None:
     assert _sim_with(env.stack, marker) == [_url_of(env.stack, raw.headers["x-speedgate-replica"])]
 
 
+def test_envoy_walks_the_ordered_list_on_retries(env: EnvoyPicker) -> None:
+    """A picker answering two endpoints and an Envoy whose ``override_host`` policy retries
+    down the list: a replica answering 503 to everything is tried first for some request
+    (sessions hash over both replicas), Envoy retries on the second, the client gets 200 from
+    it, and the picker names the replica that served (``upstream.address``), not the first."""
+    stack = env.stack
+    faulty = stack.sims["standard"][0]
+    httpx.post(faulty + "/sim/faults", json={"status": 503}, timeout=5).raise_for_status()
+    walk = EnvoyPicker(stack, max_endpoints=2, walk_list=True)
+    try:
+        walk.start()
+        served: set[str] = set()
+        for i in range(20):  # each a new conversation: a new session, hashed anew
+            raw = _client(walk.base_url).chat.completions.with_raw_response.create(
+                model=MODEL, max_tokens=2, messages=[{"role": "user", "content": f"w{i}"}])
+            assert raw.parse().choices[0].message.content
+            served.add(_url_of(stack, raw.headers["x-speedgate-replica"]))
+            with httpx.Client(timeout=5) as c:
+                if c.get(faulty + "/sim/requests").json():
+                    break
+        with httpx.Client(timeout=5) as c:
+            assert c.get(faulty + "/sim/requests").json(), "the faulty replica was never first"
+        assert faulty not in served
+    finally:
+        walk.stop()
+
+
 def test_unhealthy_replica_avoided(env: EnvoyPicker) -> None:
     """A standard replica killed: once the picker's probes (every 0.3 s) or the 5xx fed back
     from Envoy mark it, no request goes there."""
