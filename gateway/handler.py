@@ -21,8 +21,7 @@ from typing import Any
 
 from gateway.admit.control import Ticket
 from gateway.admit.gate import Gate
-from gateway.admit.hardening import check_json_shape
-from gateway.admit.params import check_sampling_params
+from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
 from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, read_body
 from gateway.common.ids import bounded_id
@@ -87,11 +86,8 @@ class Endpoint:
             key = gate.authenticate(scope, rec) if gate is not None else None
             raw = await read_body(scope, receive, state.config.server.max_body_bytes)
             raw_size = len(raw)
-            body = protocol.parse(raw)
-            check_json_shape(body.doc, state.config.server.max_json_depth)
-            if protocol.operation in ("chat", "text_completion"):
-                # a client's mistake never reaches a replica
-                check_sampling_params(body.doc, protocol.operation)
+            # a client's mistake never reaches a replica (large bodies parsed off the loop)
+            body = await read_checked(protocol, raw, state.config.server.max_json_depth)
             # 2. plan (restricted to the tiers the key is entitled to)
             treq = state.models.resolve(
                 body.doc["model"],

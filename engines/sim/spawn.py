@@ -69,6 +69,7 @@ def spawn_simulator(
         "--mode", mode,
         "--time-scale", str(time_scale),
         "--seed", str(seed),
+        "--accept-sim-faults",  # the test and benchmark stacks script faults per request
         *extra_args,
     ]
     proc = subprocess.Popen(
