@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from gateway.common.breaker import CircuitBreaker
+from gateway.protocols.response_ids import RECORD_SPACE
 
 log = logging.getLogger("speedgate.responses")
 
@@ -113,7 +114,8 @@ class MemoryResponseStore(ResponseStore):
 
 
 class RedisResponseStore(ResponseStore):
-    """Records as Redis strings ``<prefix><id>`` with a TTL, behind a circuit breaker.
+    """Records as Redis strings ``<prefix>rec:<id>`` with a TTL (``response_ids``: the run
+    markers live in ``<prefix>run:``), behind a circuit breaker.
     ``client`` is a ``redis.asyncio.Redis``."""
 
     def __init__(
@@ -133,15 +135,13 @@ class RedisResponseStore(ResponseStore):
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float, **kwargs: Any) -> RedisResponseStore:
         """A store on a new client for ``url`` with socket timeouts of ``timeout_s`` seconds."""
-        import redis.asyncio as aioredis
+        from gateway.common.redis_client import redis_client
 
-        client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        client = redis_client(url, timeout_s=timeout_s, connect_timeout_s=timeout_s)
         return cls(client, **kwargs)
 
     def _key(self, response_id: str) -> str:
-        return self.prefix + response_id
+        return self.prefix + RECORD_SPACE + response_id
 
     async def _call(self, fn: Any) -> Any:
         if not self.breaker.allow():

@@ -68,10 +68,10 @@ def test_redis_store_shared_and_ttl_renewed_by_reads(prefix):
         b = RedisResponseStore.from_url(REDIS_URL, timeout_s=1, prefix=prefix, ttl_s=30,
                                         max_record_bytes=1 << 20)
         await a.put(rec("r1"))
-        await a.client.pexpire(prefix + "r1", 1000)  # as if it had aged
+        await a.client.pexpire(prefix + "rec:r1", 1000)  # as if it had aged
         got = await b.get_many(["r1", "missing"])  # another gateway reads it
         assert got[0]["id"] == "r1" and got[1] is None
-        assert await a.client.pttl(prefix + "r1") > 20_000  # the read renewed the TTL
+        assert await a.client.pttl(prefix + "rec:r1") > 20_000  # the read renewed the TTL
         assert await b.delete("r1") and await a.get("r1") is None
         await a.close()
         await b.close()
