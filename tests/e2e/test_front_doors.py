@@ -6,6 +6,7 @@ configured (the engine request aborted, 499, nothing billed)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import uuid
@@ -211,3 +212,24 @@ def test_a_client_that_leaves_at_once_is_aborted_with_redis(env, proto: Proto, s
     # nothing billed: no usage, no cost on any of their access log lines
     lines = [ln for ln in stack.log().splitlines() if any(f"request_id={r} " in ln for r in rids)]
     assert lines and all("cost_usd=None" in ln for ln in lines), lines
+
+
+def test_a_short_fuzz_gets_no_5xx_no_hang_no_leak_no_ejection(env, tmp_path_factory):
+    """A bounded run of ``loadtests/fuzz_front_doors.py`` (every category, Redis configured)
+    against simulators that refuse ``sim_faults`` as a production replica does."""
+    from loadtests.fuzz_front_doors import fuzz
+
+    stack = Stack(tmp_path_factory.mktemp("fuzz"), pool_overrides=POOL,
+                  accept_sim_faults=False, config_extra=env[0].config_extra)
+    try:
+        stack.start()
+        assert stack.gateway is not None
+        rep = asyncio.run(fuzz(stack.base_url, count=200, time_s=90, seed=3,
+                               pid=stack.gateway.pid, log=stack.log_path))
+    finally:
+        stack.stop()
+    summary = rep.summary()
+    assert rep.requests >= 150 and rep.by_category["leave"] > 0, summary
+    assert rep.five_xx == 0 and rep.hangs == 0 and not rep.leaks, summary
+    assert rep.ejections == 0 and not rep.not_aborted, summary
+    assert not any(k.endswith("not-json") for k in rep.status), summary
