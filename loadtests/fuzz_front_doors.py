@@ -9,6 +9,8 @@ Categories (each request draws one, seeded):
 - ``state``: ``GET``/``DELETE``/``cancel`` of junk ids (marker-shaped ``run:<id>``, 100 KB,
   percent-encoded, unicode, foreign and deleted ids) and ``previous_response_id`` of them;
 - ``header``: junk ``x-speedgate-tier``, timeouts, session ids, content types;
+- ``burst``: first, ten malformed bodies of each kind in a row (consecutive failures are what
+  ejects a replica);
 - ``leave``: a full request (stream or JSON, either API) whose socket closes at once (FIN or
   RST) or after a random 0-300 ms.
 
@@ -236,6 +238,28 @@ async def _leave(base_url: str, rng: random.Random, rep: Report) -> None:
     rep.leave_ids.append((rid, at_once))
 
 
+BURST = 10  # malformed bodies in a row (ejection takes consecutive failures)
+
+
+async def _burst(c: httpx.AsyncClient, rep: Report) -> None:
+    """``BURST`` malformed bodies in a row per API (``tool_result`` content a number, a tool
+    schema with ``enum: 5``, ``tool_choice: {"type": {}}``, Responses ``tools: 1.5``): what
+    ejected replicas when each counted as a replica failure."""
+    rng = random.Random(0)
+    for _ in range(BURST):
+        m = _messages_body(rng)
+        m["messages"][2]["content"][0]["content"] = 5
+        r = await c.post("/v1/messages", json=m)
+        _note(rep, "burst", r)
+        m = _messages_body(rng)
+        m["tools"][0]["input_schema"]["properties"]["path"]["enum"] = 5
+        m["tool_choice"] = {"type": {}}
+        _note(rep, "burst", await c.post("/v1/messages", json=m))
+        resp = _responses_body(rng)
+        resp["tools"] = 1.5
+        _note(rep, "burst", await c.post("/v1/responses", json=resp))
+
+
 async def _one(c: httpx.AsyncClient, rng: random.Random, rep: Report, known: list[str]) -> None:
     kind = rng.choices(["body", "state", "header", "leave"], weights=[6, 2, 1, 1])[0]
     if kind == "state":
@@ -289,6 +313,8 @@ async def fuzz(base_url: str, *, count: int, time_s: float, seed: int, concurren
     rep.rss_mib["before"] = rss_mib(pid) or 0.0
     deadline = time.monotonic() + time_s
     async with httpx.AsyncClient(base_url=base_url, timeout=HANG_S) as c:
+        await _burst(c, rep)
+
         async def worker(wid: int) -> None:
             wrng = random.Random(rng.random())
             while rep.requests < count and time.monotonic() < deadline:
