@@ -418,6 +418,89 @@ async def reasoning_rss(base_url: str, pid: int, ttl_s: float) -> dict[str, floa
     return out
 
 
+def _per_call_us(fn: Any, n: int) -> float:
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+async def _loop_lag_ms(work: Any) -> float:
+    """The longest gap (ms) between 1 ms ticks of the event loop while ``work()`` runs."""
+    worst, stop = 0.0, False
+
+    async def ticker() -> None:
+        nonlocal worst
+        last = time.perf_counter()
+        while not stop:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            worst, last = max(worst, now - last), now
+
+    t = asyncio.get_running_loop().create_task(ticker())
+    await asyncio.sleep(0.01)
+    await work()
+    stop = True
+    await t
+    return worst * 1e3
+
+
+def bench() -> dict[str, Any]:
+    """Costs of the front-door checks on this machine (µs per call, ms of loop stall)."""
+    from gateway.admit.body_schema import check_body_schema
+    from gateway.admit.parse import OFFLOAD_PARSE_BYTES, parse_checked, read_checked
+    from gateway.admit.tool_schema import schema_problem
+    from gateway.protocols.messages import MessagesProtocol
+
+    rng = random.Random(0)
+    small = _messages_body(rng)
+    schema = {"type": "object", "required": ["a1"], "properties": {
+        f"a{i}": {"type": "string", "description": "d" * 50} for i in range(10)}}
+    big = {**small, "messages": [{"role": "user" if i % 2 == 0 else "assistant",
+                                  "content": [{"type": "text", "text": "x" * 2000}]}
+                                 for i in range(501)],
+           "tools": [{"name": f"t{i}", "input_schema": schema} for i in range(20)]}
+    raw_big = orjson.dumps(big)
+    proto = MessagesProtocol()
+    out: dict[str, Any] = {
+        "schema_walk_10_props_us": _per_call_us(lambda: schema_problem(schema), 2000),
+        "body_schema_small_us": _per_call_us(lambda: check_body_schema("messages", small), 2000),
+        "body_schema_1mb_20_tools_us": _per_call_us(lambda: check_body_schema("messages", big),
+                                                    20),
+        "big_body_bytes": len(raw_big),
+        "parse_checked_1mb_us": _per_call_us(lambda: parse_checked(proto, raw_big, 64), 20),
+        "offload_threshold_bytes": OFFLOAD_PARSE_BYTES,
+    }
+    raw_64k = orjson.dumps({**small, "messages": [{"role": "user", "content": "x" * 65000}]})
+    out["parse_checked_64kib_us"] = _per_call_us(lambda: parse_checked(proto, raw_64k, 64), 500)
+    try:
+        from jsonschema import Draft202012Validator
+        out["jsonschema_meta_check_10_props_us"] = _per_call_us(
+            lambda: Draft202012Validator.check_schema(schema), 50)
+    except ImportError:
+        pass
+
+    async def lags() -> None:
+        hop = time.perf_counter()
+        for _ in range(200):
+            await asyncio.to_thread(int)
+        out["thread_hop_us"] = (time.perf_counter() - hop) / 200 * 1e6
+        raw_8m = orjson.dumps({**big, "messages": big["messages"] * 8})
+        out["body_8mb_bytes"] = len(raw_8m)
+
+        async def inline() -> None:
+            parse_checked(proto, raw_8m, 64)
+
+        async def offloaded() -> None:
+            await read_checked(proto, raw_8m, 64)
+
+        out["loop_stall_8mb_inline_ms"] = await _loop_lag_ms(inline)
+        out["loop_stall_8mb_offloaded_ms"] = await _loop_lag_ms(offloaded)
+
+    asyncio.run(lags())
+    return {k: round(v, 1) if isinstance(v, float) else v for k, v in out.items()}
+
+
 def main() -> None:
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a.add_argument("--url", help="a running gateway (else --start)")
@@ -428,7 +511,12 @@ def main() -> None:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--concurrency", type=int, default=4)
     a.add_argument("--reasoning-rss", action="store_true")
+    a.add_argument("--bench", action="store_true",
+                   help="only time the front-door checks in this process (no stack)")
     ns = a.parse_args()
+    if ns.bench:
+        print(json.dumps(bench(), indent=1))
+        return
     procs: list[subprocess.Popen[bytes]] = []
     pid, log = None, None
     try:
