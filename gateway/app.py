@@ -48,7 +48,11 @@ from gateway.protocols.registry import (
     response_store,
 )
 from gateway.protocols.responses import ResponsesProtocol
-from gateway.protocols.responses_routes import add_response_routes
+from gateway.protocols.responses_routes import (
+    add_response_routes,
+    malformed_response_id,
+    response_not_found,
+)
 from gateway.routing.pools import PoolRegistry
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
@@ -370,6 +374,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             type="invalid_request_error" if status < 500 else "server_error",
             code={404: "not_found", 405: "method_not_allowed"}.get(status),
         )
+        if status == 404 and (bad_id := malformed_response_id(path)) is not None:
+            err = response_not_found(bad_id)  # a junk id is a missing response, not a path
         shape = ANTHROPIC_ERRORS if path.startswith("/v1/messages") else OPENAI_ERRORS
         headers = {k.decode(): v.decode() for k, v in shape.headers(err)}
         return Response(shape.body(err, request_id(request.scope)), status_code=status,

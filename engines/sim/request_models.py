@@ -122,7 +122,7 @@ class AnthropicContentBlock(_Open):
 
 
 class AnthropicMessage(_Open):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # vLLM 0.32 takes system entries in place
     content: str | list[AnthropicContentBlock]
 
 

@@ -9,6 +9,7 @@ is the API's 404, never a 405 from a route of another method."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from starlette.responses import Response
 
 from gateway.errors import GatewayError
 from gateway.protocols.responses_input_list import list_page, parse_limit
-from gateway.protocols.responses_state import ResponsesState
+from gateway.protocols.responses_state import ResponseNotFound, ResponsesState
 
 
 def _answer(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
@@ -40,6 +41,28 @@ class ResponseIdConvertor(Convertor[str]):
 
 
 register_url_convertor("response_id", ResponseIdConvertor())
+
+# the fixed sub-paths of /v1/responses/ (served or the API's 404); any other single segment
+# (optionally with /cancel or /input_items) is a response id, malformed when no route took it
+_FIXED_SEGMENTS = frozenset({"input_tokens", "compact"})
+_ID_PATH = re.compile(r"^/v1/responses/([^/]+)(?:/cancel|/input_items)?$")
+
+
+def malformed_response_id(path: str) -> str | None:
+    """The id segment of a ``/v1/responses/{id}[/cancel|/input_items]`` path that no route
+    matched (an id not of the ``resp_`` shape), or None for any other path: such a path is
+    answered as a missing response (404 ``response_not_found``), the same answer as for a
+    well-formed id that names nothing, so no id shape tells anything apart."""
+    m = _ID_PATH.match(path)
+    if m is None or m.group(1) in _FIXED_SEGMENTS:
+        return None
+    return m.group(1)
+
+
+def response_not_found(response_id: str) -> ResponseNotFound:
+    """OpenAI's 404 for an id that names no response of the caller's (quoted bounded)."""
+    shown = response_id if len(response_id) <= 64 else response_id[:61] + "..."
+    return ResponseNotFound(f"Response with id '{shown}' not found.", param="response_id")
 
 
 def add_response_routes(
