@@ -59,6 +59,9 @@ class Faults(BaseModel):
     comments: bool = False
     crlf: bool = False
     multiline_data: bool = False
+    no_event_lines: bool = Field(
+        False, description="typed events (Messages, Responses) written as bare data: lines, "
+        "without their event: line (what some Anthropic-compatible servers and proxies send)")
     # process
     crash: bool = False
 
@@ -78,6 +81,7 @@ class Faults(BaseModel):
             or self.comments
             or self.crlf
             or self.multiline_data
+            or self.no_event_lines
             or self.stall_after_chunks is not None
             or self.reset_after_chunks is not None
             or self.malformed_after_chunks is not None

@@ -186,15 +186,16 @@ async def respond_typed_stream(
     start: Callable[[], list[Event]],
     delta: Callable[[str, str], list[Event]],
     end: Callable[[], list[Event]],
+    error_event: Callable[[str, int, str | None], bytes] | None = None,
 ) -> web.StreamResponse:
     """Stream an API of typed events (``/v1/responses``, ``/v1/messages``): ``start()``'s
     events, ``delta(kind, text)``'s for every delivered token group, ``end()``'s, with the
     request's faults applied (TTFT delay, counted faults after each content event, a reset
-    marking ``ctx.reset``)."""
+    marking ``ctx.reset``); ``error_event``: the API's in-stream error (``EventWriter``)."""
     faults, plan = ctx.faults, ctx.plans[0]
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await resp.prepare(request)
-    w = EventWriter(request, resp, faults)
+    w = EventWriter(request, resp, faults, error_event)
 
     async def write(events: list[Event]) -> None:
         for name, payload, content in events:

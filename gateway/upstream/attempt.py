@@ -24,6 +24,7 @@ from gateway.errors import (
     GatewayError,
     UnreadableResponse,
     UpstreamError,
+    UpstreamOverloaded,
     UpstreamTimeout,
     is_client_fault,
     parse_engine_error,
@@ -45,6 +46,9 @@ RETRYABLE_STATUSES = frozenset({408, 429})
 #: reason of an in-stream error event with a client's 4xx code before any content: the
 #: request's fault or the replica's, which only another replica's answer tells (failover)
 STREAM_4XX = "stream-4xx"
+#: reason of an engine that said it is overloaded (HTTP 529, an ``overloaded_error`` before any
+#: content): busy like a 429, not broken; retried elsewhere, not an outlier failure
+OVERLOADED = "overloaded"
 
 
 class RetryableFailure(Exception):
@@ -62,8 +66,8 @@ class RetryableFailure(Exception):
     def replica_fault(self) -> bool:
         """True when the failure says the replica is unhealthy (for outlier ejection); a 429
         or 408 says it is busy, not broken; a ``stream-4xx`` is the replica's only once another
-        replica answered the request (failover records it then)."""
-        return self.reason not in ("http-429", "http-408", STREAM_4XX)
+        replica answered the request (failover records it then); an overload is busy too."""
+        return self.reason not in ("http-429", "http-408", STREAM_4XX, OVERLOADED)
 
 
 @dataclass(slots=True)
@@ -159,6 +163,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                     detail = b""  # the status still says what happened
                 retry_after = parse_retry_after(resp.headers.get("retry-after"))
                 err = parse_engine_error(resp.status, detail, retry_after)
+                if isinstance(err, UpstreamOverloaded):
+                    raise RetryableFailure(OVERLOADED, err)
                 if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
                     raise RetryableFailure(f"http-{resp.status}", err)
                 if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
@@ -222,6 +228,8 @@ async def _read_until_content(
                     # the engine failed before any output: another replica may still serve.
                     # A 4xx code may be the request's fault or the replica's (vLLM gives any
                     # exception in generation code 400): failover tells them apart
+                    if isinstance(err, UpstreamOverloaded):
+                        raise RetryableFailure(OVERLOADED, err)
                     raise RetryableFailure(STREAM_4XX if is_client_fault(err) else "engine-error",
                                            err)
                 if kind == HEAD_MALFORMED:
