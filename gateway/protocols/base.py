@@ -203,7 +203,15 @@ class Protocol:
     count_kind: ClassVar[str] = "chat"  # how ``view`` is counted: chat | completion
     generates: ClassVar[bool] = True  # False: no output, no usage (token counting)
     default_tier_only: ClassVar[bool] = False  # True: tier hints ignored, default pool
+    #: the stream keep-alive in this API's own form (an SSE comment, WHATWG "Server-sent
+    #: events": ignored by every SSE parser); Messages overrides it with ``event: ping``
+    keepalive: ClassVar[bytes] = b": keepalive\n\n"
     errors: ErrorShape
+
+    def is_ping(self, ev: SSEEvent) -> bool:
+        """True for a data event of the engine that only keeps the stream alive (Messages'
+        ``ping``); SSE comments are pings in every API."""
+        return False
 
     def span_attributes(self) -> dict[str, str]:
         """Extra attributes of the request span (e.g. ``openai.api.type``)."""

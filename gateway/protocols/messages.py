@@ -285,6 +285,7 @@ class MessagesProtocol(Protocol):
     name = "messages"
     path = "/v1/messages"
     operation = "chat"
+    keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's own keep-alive
     errors: ErrorShape = ANTHROPIC_ERRORS
 
     def span_attributes(self) -> dict[str, str]:
@@ -323,6 +324,12 @@ class MessagesProtocol(Protocol):
 
     def codec(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec:
         return MessagesStream(rewrite)
+
+    def is_ping(self, ev: SSEEvent) -> bool:
+        if ev.event is not None:
+            return ev.event == b"ping"
+        data = ev.data or b""
+        return data.find(b'"ping"') >= 0 and (json_object(data) or {}).get("type") == "ping"
 
     def json_usage(self, doc: dict[str, Any]) -> Usage | None:
         return anthropic_usage(doc.get("usage"))

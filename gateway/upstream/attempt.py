@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC
 from email.utils import parsedate_to_datetime
@@ -29,7 +29,7 @@ from gateway.errors import (
     is_client_fault,
     parse_engine_error,
 )
-from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_MALFORMED, Protocol
+from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_FRAME, HEAD_MALFORMED, Protocol
 from gateway.relay.sse import SSEEvent
 from gateway.routing.pools import Pool, Replica
 from gateway.telemetry.tracing import AttemptTrace
@@ -87,6 +87,9 @@ class Attempt:
     read_s: float | None = None  # the client's read timeout (x-stainless-read-timeout), s
     read_deadline: float | None = None  # loop time the client stops waiting for a first byte
     json_ok: bool = False  # a JSON answer to be assembled: an engine's JSON body serves too
+    #: called for each keep-alive of the engine (an SSE comment, Messages' ``ping``) before the
+    #: first content event: a committed stream relays it (``gateway.relay.keepalive``)
+    heartbeat: Callable[[], None] | None = None
 
     @property
     def stall_s(self) -> float:
@@ -172,7 +175,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                 raise err
             if attempt.stream and not (attempt.json_ok and _is_json(resp)):
                 batches = resp.event_batches()
-                head = await _read_until_content(batches, attempt.protocol)
+                head = await _read_until_content(batches, attempt.protocol, attempt.heartbeat)
                 return OpenedResponse(
                     attempt, resp, time.monotonic() - t_sent, head=head, batches=batches
                 )
@@ -208,18 +211,22 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
 
 
 async def _read_until_content(
-    batches: AsyncIterator[list[SSEEvent]], protocol: Protocol
+    batches: AsyncIterator[list[SSEEvent]], protocol: Protocol,
+    heartbeat: Callable[[], None] | None = None,
 ) -> list[SSEEvent]:
     """Data events up to the first content event (``protocol.head_kind``), plus any that
     arrived in the same read (comments dropped). Until then nothing is sent to the client, so a
     failure here can still be retried: an engine error event (``engine-error``; ``stream-4xx``
     when its code is a client's 4xx, ``is_client_fault``, ``error`` that ``EngineClientError``)
-    or an event that is not one of the protocol's (``malformed``)."""
+    or an event that is not one of the protocol's (``malformed``). ``heartbeat`` is called for
+    each of the engine's keep-alives (comments, ``protocol.is_ping``) until then."""
     head: list[SSEEvent] = []
     async for batch in batches:
         found = False
         for ev in batch:
             if ev.data is None:
+                if heartbeat is not None and ev.comment and not found:
+                    heartbeat()
                 continue
             if not found:
                 kind, err = protocol.head_kind(ev)
@@ -237,6 +244,8 @@ async def _read_until_content(
                         "malformed", UpstreamError("engine sent a malformed response")
                     )
                 found = kind == HEAD_CONTENT
+                if heartbeat is not None and kind == HEAD_FRAME and protocol.is_ping(ev):
+                    heartbeat()
             head.append(ev)
         if found:
             return head
