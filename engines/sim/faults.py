@@ -27,6 +27,9 @@ class Faults(BaseModel):
     # timing
     headers_delay_s: float | None = Field(None, ge=0, description="wait before status+headers")
     ttft_delay_s: float | None = Field(None, ge=0, description="after headers, before 1st event")
+    prefill_pings_s: float | None = Field(
+        None, gt=0, description="during ttft_delay_s, the API's keep-alive every this many "
+        "seconds (an SSE comment; Messages: event: ping), as some servers send in a prefill")
     chunk_interval_s: float | None = Field(None, ge=0, description="fixed gap between events")
     stall_after_chunks: int | None = Field(None, ge=0)
     stall_s: float | None = Field(None, ge=0)

@@ -204,7 +204,8 @@ async def respond_stream(request: web.Request, ctx: RequestContext, deliveries: 
     """Stream the message's typed events (module docstring)."""
     b = _Builder(ctx)
     return await respond_typed_stream(request, ctx, deliveries, b.start, b.delta, b.end,
-                                      error_event=stream_error_event)
+                                      error_event=stream_error_event,
+                                      ping=b'event: ping\ndata: {"type": "ping"}\n\n')
 
 
 def stream_error_event(message: str, status: int, type_: str | None) -> bytes:

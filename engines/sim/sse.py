@@ -59,6 +59,19 @@ class EventWriter:
         self._eol = b"\r\n" if faults.crlf else b"\n"
         self._sep = self._eol * 2
 
+    async def prefill(self, ping: bytes = b": ping\n\n") -> None:
+        """The ``ttft_delay_s`` wait (seconds, wall clock), with ``ping`` (a whole SSE event)
+        written every ``prefill_pings_s`` of it when that is set."""
+        f = self.faults
+        left = f.ttft_delay_s or 0.0
+        every = f.prefill_pings_s
+        while every is not None and left > every:
+            await asyncio.sleep(every)
+            left -= every
+            await self.resp.write(ping)
+        if left > 0:
+            await asyncio.sleep(left)
+
     async def event(self, payload: bytes, name: bytes | None = None) -> None:
         """Write one non-content event (role chunk, usage chunk, ``response.created``...);
         ``name``: its ``event:`` type line, when the API has one."""

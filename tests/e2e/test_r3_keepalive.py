@@ -27,9 +27,12 @@ USER = [{"role": "user", "content": "Tell me about the weather."}]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    s = Stack(tmp_path_factory.mktemp("r3ka"), tiers=("standard",),
-              timeouts={"connect_s": 2, "ttft_s": 10, "stall_s": 5, "total_s": 30,
-                        "keepalive_after_s": AFTER_S, "keepalive_interval_s": EVERY_S},
+    # the fast pool writes no keep-alive of its own after the commit for long: only the
+    # engine's (``prefill_pings_s``) relayed can keep its streams alive
+    timeouts = {"connect_s": 2, "ttft_s": 10, "stall_s": 5, "total_s": 30,
+                "keepalive_after_s": AFTER_S, "keepalive_interval_s": EVERY_S}
+    s = Stack(tmp_path_factory.mktemp("r3ka"), timeouts=timeouts,
+              tier_overrides={"fast": {"timeouts": {**timeouts, "keepalive_interval_s": 60}}},
               pool_overrides={"retry": {"budget_min_retries": 50},
                               "outlier": {"enabled": False}}).start()
     try:
@@ -77,6 +80,23 @@ def _stream_via(api: str, base: str) -> str:
 def test_r3_slow_first_token_behind_an_idle_timeout_completes(
         stack: Stack, proxy: IdleTimeoutProxy, api: str) -> None:
     assert _stream_via(api, proxy.url)
+    assert proxy.cut == 0
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_r3_engine_keepalives_are_relayed_once_committed(
+        stack: Stack, proxy: IdleTimeoutProxy, api: str) -> None:
+    pinged = {"sim_faults": {"ttft_delay_s": DELAY_S, "prefill_pings_s": IDLE_S / 3}}
+    if api == "messages":
+        client = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0)
+        with client.messages.stream(model=f"{MODEL}-fast", max_tokens=6, messages=USER,
+                                    extra_body=pinged) as s:
+            assert "".join(s.text_stream) and s.get_final_message().usage.output_tokens == 6
+    else:
+        oai = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+        chunks = oai.chat.completions.create(model=f"{MODEL}-fast", messages=USER, max_tokens=6,
+                                             stream=True, extra_body=pinged)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert proxy.cut == 0
 
 
