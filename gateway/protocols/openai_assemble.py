@@ -101,11 +101,10 @@ def assemble(relayed: list[bytes], usage: Usage | None, *, chat: bool) -> dict[s
             continue
         if head is None:
             head = chunk
-        for key, value in chunk.items():
-            if key in _ASSEMBLED_TOP:
-                continue
-            if value is not None or key not in extra:
-                extra[key] = value
+        if not chunk.keys() <= _ASSEMBLED_TOP:  # (a subset test in C: mostly true)
+            for key, value in chunk.items():
+                if key not in _ASSEMBLED_TOP and (value is not None or key not in extra):
+                    extra[key] = value
         if chunk.get("usage") is not None:
             usage_doc = chunk["usage"]
         listed = chunk.get("choices")
@@ -143,6 +142,9 @@ _ASSEMBLED_TOP = frozenset({"id", "object", "created", "model", "choices", "usag
 #: choice fields ``_Choice`` builds itself (the rest pass through)
 _ASSEMBLED_CHOICE = frozenset({"index", "delta", "text", "logprobs", "finish_reason",
                                "stop_reason", "token_ids", "prompt_token_ids"})
+#: the fields of most streamed choices (the rest: ``_Choice._uncommon``)
+_COMMON_CHOICE = frozenset({"index", "delta", "text", "logprobs", "finish_reason",
+                            "stop_reason"})
 #: chat delta fields ``_Choice`` merges itself (the rest: strings and lists concatenated,
 #: anything else its last non-null value)
 _ASSEMBLED_DELTA = frozenset({"role", "content", "refusal", "tool_calls", "function_call",
@@ -217,16 +219,8 @@ class _Choice:
                 self.logprobs = {}
             for key, value in lp.items():
                 _concat(self.logprobs, key, value)
-        ids = c.get("token_ids")
-        if "token_ids" in c and self.token_ids is None:
-            self.token_ids = []
-        if isinstance(ids, list):
-            self.token_ids.extend(ids)  # type: ignore[union-attr]
-        if self.prompt_ids is None and c.get("prompt_token_ids") is not None:
-            self.prompt_ids = c["prompt_token_ids"]
-        for key, value in c.items():
-            if key not in _ASSEMBLED_CHOICE:
-                _concat(self.extra, key, value)
+        if not c.keys() <= _COMMON_CHOICE:  # (a subset test in C: mostly true)
+            self._uncommon(c)
         if not self.chat:
             if isinstance(c.get("text"), str):
                 self.text.append(c["text"])
@@ -250,6 +244,19 @@ class _Choice:
         if len(delta) > 1 or "content" not in delta:  # not a plain content delta
             self._rest(delta)
 
+    def _uncommon(self, c: dict[str, Any]) -> None:
+        """The choice's fields other than ``_COMMON_CHOICE``: token ids, passed-through ones."""
+        ids = c.get("token_ids")
+        if "token_ids" in c and self.token_ids is None:
+            self.token_ids = []
+        if isinstance(ids, list):
+            self.token_ids.extend(ids)  # type: ignore[union-attr]
+        if self.prompt_ids is None and c.get("prompt_token_ids") is not None:
+            self.prompt_ids = c["prompt_token_ids"]
+        for key, value in c.items():
+            if key not in _ASSEMBLED_CHOICE:
+                _concat(self.extra, key, value)
+
     def _rest(self, delta: dict[str, Any]) -> None:
         """The delta's fields other than content, reasoning and tool calls."""
         refusal = delta.get("refusal")
@@ -260,9 +267,10 @@ class _Choice:
             if self.function_call is None:
                 self.function_call = {"name": "", "arguments": ""}
             _merge_function(self.function_call, fc)
-        for key, value in delta.items():
-            if key not in _ASSEMBLED_DELTA:
-                _concat(self.message, key, value)
+        if not delta.keys() <= _ASSEMBLED_DELTA:
+            for key, value in delta.items():
+                if key not in _ASSEMBLED_DELTA:
+                    _concat(self.message, key, value)
 
     def _call(self, i: int, call: dict[str, Any]) -> None:
         acc = self.calls.get(i)
