@@ -246,11 +246,11 @@ class _Choice:
 
     def _uncommon(self, c: dict[str, Any]) -> None:
         """The choice's fields other than ``_COMMON_CHOICE``: token ids, passed-through ones."""
-        ids = c.get("token_ids")
-        if "token_ids" in c and self.token_ids is None:
-            self.token_ids = []
+        ids = c.get("token_ids")  # vLLM writes ``null`` on every chunk without return_token_ids
         if isinstance(ids, list):
-            self.token_ids.extend(ids)  # type: ignore[union-attr]
+            if self.token_ids is None:
+                self.token_ids = []
+            self.token_ids.extend(ids)
         if self.prompt_ids is None and c.get("prompt_token_ids") is not None:
             self.prompt_ids = c["prompt_token_ids"]
         for key, value in c.items():

@@ -49,7 +49,7 @@ def _same(via: Any, direct: Any, where: str) -> None:
     ("/v1/chat/completions", {"messages": USER}),
     ("/v1/chat/completions", {"messages": USER, "return_token_ids": True}),
     ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 2}),
-    ("/v1/chat/completions", {"messages": USER, "n": 2}),
+    ("/v1/chat/completions", {"messages": USER, "n": 2, "temperature": 1, "seed": 3}),
     ("/v1/completions", {"prompt": "The sea is", "return_token_ids": True}),
     ("/v1/completions", {"prompt": "The sea is", "logprobs": 2, "stop": ["zzz"]}),
 ], ids=["chat", "chat-token-ids", "chat-logprobs", "chat-n2", "completion-token-ids",

@@ -148,3 +148,12 @@ def test_r3_reasoning_content_key_kept_when_the_engine_used_it() -> None:
     assert msg["reasoning"] == msg["reasoning_content"] == "think" and msg["content"] == "ok"
     plain = run([chat({"delta": {"reasoning": "a"}}), chat({"delta": {"content": "b"}})])
     assert "reasoning_content" not in plain["choices"][0]["message"]  # vLLM 0.32's shape
+
+
+def test_r3_null_token_ids_on_every_chunk_are_no_token_ids() -> None:
+    """vLLM 0.32 writes ``"token_ids": null`` on every completions chunk of a request without
+    ``return_token_ids``; its non-stream answer has ``token_ids: null`` (no list)."""
+    doc = run([text({"text": "a", "token_ids": None, "prompt_token_ids": None}),
+               text({"text": "b", "token_ids": None, "finish_reason": "stop"})], False)
+    assert doc["choices"][0].get("token_ids") is None
+    assert doc["choices"][0].get("prompt_token_ids") is None and doc["choices"][0]["text"] == "ab"
