@@ -150,7 +150,7 @@ def test_r3_reasoning_content_key_kept_when_the_engine_used_it() -> None:
     assert "reasoning_content" not in plain["choices"][0]["message"]  # vLLM 0.32's shape
 
 
-def test_r3_null_token_ids_on_every_chunk_are_no_token_ids() -> None:
+def test_null_token_ids_on_every_chunk_are_no_token_ids() -> None:
     """vLLM 0.32 writes ``"token_ids": null`` on every completions chunk of a request without
     ``return_token_ids``; its non-stream answer has ``token_ids: null`` (no list)."""
     doc = run([text({"text": "a", "token_ids": None, "prompt_token_ids": None}),
