@@ -179,6 +179,24 @@ class EngineClientError(GatewayError):
     """An engine's 4xx, passed through with its status, message, type, param and code."""
 
 
+class UpstreamOverloaded(EngineClientError):
+    """503 ``upstream_overloaded``: the engine said it is overloaded (HTTP 529, Anthropic's
+    ``overloaded_error``, in-band or as the body's type): busy, not broken, so retried on
+    another replica and not counted against the replica's health. The Anthropic shape answers
+    it 529 ``overloaded_error`` (``gateway.protocols.errors``: the gateway's 503 is Anthropic's
+    529); the OpenAI shape 503 ``server_error``, the status OpenAI answers when overloaded."""
+
+    status = 503
+    type = "server_error"
+    code = "upstream_overloaded"
+
+
+#: HTTP status an Anthropic-compatible server answers when overloaded (Anthropic API
+#: reference, "Errors": 529 ``overloaded_error``)
+OVERLOADED_STATUS = 529
+OVERLOADED_TYPE = "overloaded_error"
+
+
 def parse_engine_error(
     status: int, body: bytes, retry_after_s: float | None = None
 ) -> EngineClientError:
@@ -191,7 +209,8 @@ def parse_engine_error(
     ``Retry-After`` (``retry_after_s``, seconds): that stays a 503 ``upstream_unavailable``
     carrying it, so a client that the gateway cannot make wait learns when to come back; 4xx
     keep their status, and a string ``code`` (the engine's, else the status's name:
-    ``not_found``). ``retry_after_s`` is kept on the error either way.
+    ``not_found``). ``retry_after_s`` is kept on the error either way. An overload (HTTP 529,
+    or a 5xx whose error ``type`` is ``overloaded_error``) is ``UpstreamOverloaded`` (503).
     """
     message: str | None = None
     param: str | None = None
@@ -211,6 +230,10 @@ def parse_engine_error(
     if message is None:
         text = body[:1000].decode("utf-8", "replace").strip()
         message = text or f"engine returned HTTP {status}"
+    if status == OVERLOADED_STATUS or (
+            status >= 500 and isinstance(doc, dict) and _error_type(doc) == OVERLOADED_TYPE):
+        return UpstreamOverloaded(
+            f"engine overloaded (HTTP {status}): {message}", retry_after_s=retry_after_s)
     if status == 503 and retry_after_s is not None:
         return EngineClientError(
             f"engine unavailable (HTTP 503): {message}",
@@ -248,15 +271,25 @@ def stream_error(doc: dict[str, Any]) -> GatewayError:
     the ``EngineClientError`` the engine's HTTP answer would have given (``parse_engine_error``:
     its status, message, type and code); whose fault it is the caller decides (vLLM gives any
     exception in generation 400, so a broken replica sends it too). Anything else (5xx, no
-    code) is the replica's: ``UpstreamError`` (502) with the message."""
+    code) is the replica's: ``UpstreamError`` (502) with the message; an overload (``code``
+    529 or ``type`` ``overloaded_error``) ``UpstreamOverloaded`` (503)."""
     inner = doc.get("error")
     code = inner.get("code") if isinstance(inner, dict) else None
     if isinstance(code, str) and code.isdigit():
         code = int(code)
+    if code == OVERLOADED_STATUS or _error_type(doc) == OVERLOADED_TYPE:
+        message = inner.get("message") if isinstance(inner, dict) else None
+        return UpstreamOverloaded(f"engine overloaded: {message or 'overloaded'}")
     if type(code) is int and 400 <= code < 500 and code not in (408, 429):
         return parse_engine_error(code, orjson.dumps(doc))
     message = inner.get("message") if isinstance(inner, dict) else inner
     return UpstreamError(f"engine error: {message if isinstance(message, str) else inner}")
+
+
+def _error_type(doc: dict[str, Any]) -> object:
+    """The ``type`` of an error document, in either shape (``{"error": {"type"}}`` or flat)."""
+    inner = doc.get("error")
+    return inner.get("type") if isinstance(inner, dict) else doc.get("type")
 
 
 def is_client_fault(err: GatewayError | None) -> bool:

@@ -33,6 +33,7 @@ from gateway.plan.chain import Plan, plan_request
 from gateway.protocols.base import Protocol, Rewrite, StreamCodec
 from gateway.relay.assembled import assemble_json
 from gateway.relay.body import ParsedBody
+from gateway.relay.keepalive import PrefillKeepalive
 from gateway.relay.resume import relay_resumable
 from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
@@ -123,13 +124,20 @@ class Endpoint:
             rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
             final: dict[str, Any] | None = None
             async with DisconnectWatch(receive, scope), protocol.running(body, rec) as run:
-                # a saturated pool: wait in its queue (band order, fair share) or be refused
-                left_s = await state.admission.wait(ticket, plan, timeouts.total_s, rec)
-                timeouts = replace(timeouts, total_s=left_s)
-                # 3. attempt
-                opened = await open_with_failover(
-                    state, plan, body, protocol, rec, trace, timeouts
-                )
+                # a stream silent for long (queue, prefill) is committed and kept alive
+                keepalive = self._keepalive(send, body, plan, rec, limit_headers)
+                try:
+                    # a saturated pool: wait in its queue (band order, fair share) or be refused
+                    left_s = await state.admission.wait(ticket, plan, timeouts.total_s, rec)
+                    timeouts = replace(timeouts, total_s=left_s)
+                    # 3. attempt
+                    opened = await open_with_failover(
+                        state, plan, body, protocol, rec, trace, timeouts,
+                        heartbeat=keepalive.heartbeat if keepalive is not None else None,
+                    )
+                finally:
+                    if keepalive is not None and await keepalive.stop():
+                        rec.response_started, rec.status = True, 200  # errors now in-band
                 run.replica = opened.attempt.replica.url
                 attempts = [opened]  # and the continuations of a resumed stream
                 try:
@@ -254,8 +262,11 @@ class Endpoint:
         assert opened.head is not None and opened.batches is not None
         codec = protocol.codec(body, rewrite)
         codecs.append(codec)
+        committed = rec.response_started  # by the keep-alive of a silent prefill: headers sent
         rec.response_started, rec.status = True, 200
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + headers})
+        if not committed:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": SSE_HEADERS + headers})
         rec.itl = GapTimer()
         att = opened.attempt
         res = Resumption(plan, att.deadline, att.total_s, att.read_s)
@@ -271,6 +282,22 @@ class Endpoint:
         assert result.error is not None
         rec.outcome = result.error.code
         return None
+
+    def _keepalive(
+        self, send: Any, body: ParsedBody, plan: Plan, rec: RequestRecord,
+        limit_headers: list[tuple[bytes, bytes]],
+    ) -> PrefillKeepalive | None:
+        """The armed keep-alive of a stream request (``gateway.relay.keepalive``), per the
+        first pool's ``timeouts.keepalive_after_s`` (None: off) and ``keepalive_interval_s``;
+        None for a JSON answer."""
+        timeouts = plan.chain[0].config.timeouts
+        if not body.stream or timeouts.keepalive_after_s is None:
+            return None
+        keepalive = PrefillKeepalive(send, SSE_HEADERS + self._headers(rec) + limit_headers,
+                                     self.protocol.keepalive, timeouts.keepalive_after_s,
+                                     timeouts.keepalive_interval_s)
+        keepalive.arm()
+        return keepalive
 
     async def _send_error(
         self,

@@ -27,6 +27,9 @@ class Faults(BaseModel):
     # timing
     headers_delay_s: float | None = Field(None, ge=0, description="wait before status+headers")
     ttft_delay_s: float | None = Field(None, ge=0, description="after headers, before 1st event")
+    prefill_pings_s: float | None = Field(
+        None, gt=0, description="during ttft_delay_s, the API's keep-alive every this many "
+        "seconds (an SSE comment; Messages: event: ping), as some servers send in a prefill")
     chunk_interval_s: float | None = Field(None, ge=0, description="fixed gap between events")
     stall_after_chunks: int | None = Field(None, ge=0)
     stall_s: float | None = Field(None, ge=0)
@@ -59,6 +62,9 @@ class Faults(BaseModel):
     comments: bool = False
     crlf: bool = False
     multiline_data: bool = False
+    no_event_lines: bool = Field(
+        False, description="typed events (Messages, Responses) written as bare data: lines, "
+        "without their event: line (what some Anthropic-compatible servers and proxies send)")
     # process
     crash: bool = False
 
@@ -78,6 +84,7 @@ class Faults(BaseModel):
             or self.comments
             or self.crlf
             or self.multiline_data
+            or self.no_event_lines
             or self.stall_after_chunks is not None
             or self.reset_after_chunks is not None
             or self.malformed_after_chunks is not None

@@ -203,7 +203,15 @@ async def respond_stream(request: web.Request, ctx: RequestContext, deliveries: 
                          ) -> web.StreamResponse:
     """Stream the message's typed events (module docstring)."""
     b = _Builder(ctx)
-    return await respond_typed_stream(request, ctx, deliveries, b.start, b.delta, b.end)
+    return await respond_typed_stream(request, ctx, deliveries, b.start, b.delta, b.end,
+                                      error_event=stream_error_event,
+                                      ping=b'event: ping\ndata: {"type": "ping"}\n\n')
+
+
+def stream_error_event(message: str, status: int, type_: str | None) -> bytes:
+    """The Anthropic in-stream error event (``event: error``, the ``error_body`` object), as
+    Anthropic's API streams it (e.g. ``overloaded_error`` after the 200)."""
+    return b"event: error\ndata: " + error_body(message, status, type_=type_) + b"\n\n"
 
 
 async def respond_full(request: web.Request, ctx: RequestContext, deliveries: Deliveries

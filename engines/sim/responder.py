@@ -88,7 +88,7 @@ async def respond_stream(request: web.Request, ctx: RequestContext, deliveries: 
     b = _Builder(ctx)
     try:
         if faults.ttft_delay_s:
-            await asyncio.sleep(faults.ttft_delay_s)
+            await w.prefill()
         if ctx.chat:
             for pl in plans:
                 await w.event(b.role(pl.index))
@@ -186,15 +186,18 @@ async def respond_typed_stream(
     start: Callable[[], list[Event]],
     delta: Callable[[str, str], list[Event]],
     end: Callable[[], list[Event]],
+    error_event: Callable[[str, int, str | None], bytes] | None = None,
+    ping: bytes = b": ping\n\n",
 ) -> web.StreamResponse:
     """Stream an API of typed events (``/v1/responses``, ``/v1/messages``): ``start()``'s
     events, ``delta(kind, text)``'s for every delivered token group, ``end()``'s, with the
     request's faults applied (TTFT delay, counted faults after each content event, a reset
-    marking ``ctx.reset``)."""
+    marking ``ctx.reset``); ``error_event``: the API's in-stream error (``EventWriter``),
+    ``ping`` its keep-alive (``prefill_pings_s``)."""
     faults, plan = ctx.faults, ctx.plans[0]
     resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await resp.prepare(request)
-    w = EventWriter(request, resp, faults)
+    w = EventWriter(request, resp, faults, error_event)
 
     async def write(events: list[Event]) -> None:
         for name, payload, content in events:
@@ -202,7 +205,7 @@ async def respond_typed_stream(
 
     try:
         if faults.ttft_delay_s:
-            await asyncio.sleep(faults.ttft_delay_s)
+            await w.prefill(ping)
         await write(start())
         if not w.plain:
             await w.after_content()

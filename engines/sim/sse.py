@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -42,9 +43,14 @@ def utf8_cuts(data: bytes) -> list[int]:
 class EventWriter:
     """Writes the events of one streamed response and counts its content events."""
 
-    __slots__ = ("_eol", "_sep", "content_events", "faults", "plain", "request", "resp")
+    __slots__ = ("_eol", "_sep", "content_events", "error_event", "faults", "plain", "request",
+                 "resp")
 
-    def __init__(self, request: web.Request, resp: web.StreamResponse, faults: Faults) -> None:
+    def __init__(self, request: web.Request, resp: web.StreamResponse, faults: Faults,
+                 error_event: Callable[[str, int, str | None], bytes] | None = None) -> None:
+        """``error_event(message, status, type)``: the whole in-stream error event of an API
+        of typed events (Messages: ``event: error``); None: vLLM's OpenAI ``data:`` error."""
+        self.error_event = error_event
         self.request = request
         self.resp = resp
         self.faults = faults
@@ -52,6 +58,19 @@ class EventWriter:
         self.content_events = 0
         self._eol = b"\r\n" if faults.crlf else b"\n"
         self._sep = self._eol * 2
+
+    async def prefill(self, ping: bytes = b": ping\n\n") -> None:
+        """The ``ttft_delay_s`` wait (seconds, wall clock), with ``ping`` (a whole SSE event)
+        written every ``prefill_pings_s`` of it when that is set."""
+        f = self.faults
+        left = f.ttft_delay_s or 0.0
+        every = f.prefill_pings_s
+        while every is not None and left > every:
+            await asyncio.sleep(every)
+            left -= every
+            await self.resp.write(ping)
+        if left > 0:
+            await asyncio.sleep(left)
 
     async def event(self, payload: bytes, name: bytes | None = None) -> None:
         """Write one non-content event (role chunk, usage chunk, ``response.created``...);
@@ -86,9 +105,12 @@ class EventWriter:
         if f.stall_after_chunks == n and f.stall_s:
             await asyncio.sleep(f.stall_s)
         if f.error_after_chunks == n:
+            message = f.error_message or "error during generation"
+            if self.error_event is not None:
+                await self.resp.write(self.error_event(message, f.error_code, f.error_type))
+                raise ErrorEventSent
             # vLLM's create_streaming_error_response: {"error": {..., "code": status}}
-            err = error_body(f.error_message or "error during generation", f.error_code,
-                             type_=f.error_type)
+            err = error_body(message, f.error_code, type_=f.error_type)
             await self.resp.write(b"data: " + err + self._sep + b"data: [DONE]" + self._sep)
             raise ErrorEventSent
         if f.reset_after_chunks == n:
@@ -103,7 +125,7 @@ class EventWriter:
         f, eol = self.faults, self._eol
         if f.comments:
             await self.resp.write(b": keepalive" + self._sep)
-        head = _head(name, eol)
+        head = b"" if f.no_event_lines else _head(name, eol)
         if f.multiline_data and split:
             cut = payload.find(b',"') + 1
             if cut > 0:

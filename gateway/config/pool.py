@@ -23,12 +23,21 @@ class Timeouts(_Strict):
     ``connect_s``: TCP connect to a replica. ``ttft_s``: request sent → first data event
     (response headers do not count). ``stall_s``: longest gap between two events once the
     stream started (inter-token stall). ``total_s``: deadline for the whole request.
+
+    ``keepalive_after_s``: a stream request still waiting for its first content event this
+    long (a long prefill) is committed (status 200 and headers sent) and kept alive with a
+    keep-alive every ``keepalive_interval_s`` in the API's own form, so that no hop with an
+    idle timeout cuts it (60 s is a common load-balancer default); None: never committed
+    early. The default (10 s) leaves a quick upstream 4xx/5xx, and the retries after it, its
+    own status; once committed a final failure is one in-band error event.
     """
 
     connect_s: float = Field(5.0, gt=0)
     ttft_s: float = Field(300.0, gt=0)
     stall_s: float = Field(120.0, gt=0)
     total_s: float = Field(3600.0, gt=0)
+    keepalive_after_s: float | None = Field(10.0, gt=0)
+    keepalive_interval_s: float = Field(15.0, gt=0)
 
 
 class Prices(_Strict):

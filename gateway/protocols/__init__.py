@@ -12,7 +12,7 @@ Public surface:
 
 - ``base``: ``Protocol``, ``StreamCodec`` and its verdicts (``SKIP``, ``FRAME``, ``CONTENT``,
   ``DONE``, ``ERROR``), ``HEAD_FRAME`` / ``HEAD_CONTENT`` / ``HEAD_ERROR``, ``Rewrite``,
-  ``Exchange`` (per-request protocol state) and ``typed_event``;
+  ``Exchange`` (per-request protocol state) and ``named_event``;
 - ``errors``: the OpenAI and Anthropic error shapes (``OPENAI_ERRORS``, ``ANTHROPIC_ERRORS``);
 - ``openai_chat``: ``ChatProtocol`` (``/v1/chat/completions``), ``CompletionsProtocol``
   (``/v1/completions``) and their stream codec ``OpenAIStream`` with ``ChunkRewriter``;

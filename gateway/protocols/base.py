@@ -72,10 +72,25 @@ class Rewrite:
         return TIER_TO_SERVICE_TIER[self.tier]
 
 
-def typed_event(name: bytes | None, data: bytes) -> bytes:
-    """One SSE event: ``event: <name>`` (when given) then the ``data:`` line(s)."""
-    if name is None:
+_EVENT_NAMES: dict[str, bytes] = {}  # ``type`` -> ``event:`` name, built as types are seen
+_MAX_EVENT_NAMES = 256  # bound on that cache: an upstream inventing types cannot grow it
+
+
+def named_event(kind: object, data: bytes) -> bytes:
+    """One SSE event of a typed-event API (Messages, Responses) named from its JSON ``type``
+    (``kind``): ``event: <type>`` then the ``data:`` line(s), whatever ``event:`` line the
+    upstream wrote or left out (the official SDKs dispatch on the name; an upstream writing
+    bare ``data:`` lines would otherwise stream nameless events). No ``event:`` line when
+    ``type`` is not a string (the event is the codec's to judge)."""
+    if type(kind) is not str:
         return encode_event(data)
+    name = _EVENT_NAMES.get(kind)
+    if name is None:
+        name = kind.encode()
+        if b"\n" in name or b"\r" in name:  # a name cannot hold a line break: left out
+            return encode_event(data)
+        if len(_EVENT_NAMES) < _MAX_EVENT_NAMES:
+            _EVENT_NAMES[kind] = name
     return b"event: " + name + b"\n" + encode_event(data)
 
 
@@ -189,7 +204,15 @@ class Protocol:
     count_kind: ClassVar[str] = "chat"  # how ``view`` is counted: chat | completion
     generates: ClassVar[bool] = True  # False: no output, no usage (token counting)
     default_tier_only: ClassVar[bool] = False  # True: tier hints ignored, default pool
+    #: the stream keep-alive in this API's own form (an SSE comment, WHATWG "Server-sent
+    #: events": ignored by every SSE parser); Messages overrides it with ``event: ping``
+    keepalive: ClassVar[bytes] = b": keepalive\n\n"
     errors: ErrorShape
+
+    def is_ping(self, ev: SSEEvent) -> bool:
+        """True for a data event of the engine that only keeps the stream alive (Messages'
+        ``ping``); SSE comments are pings in every API."""
+        return False
 
     def span_attributes(self) -> dict[str, str]:
         """Extra attributes of the request span (e.g. ``openai.api.type``)."""

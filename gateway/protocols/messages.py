@@ -35,7 +35,13 @@ from typing import Any
 import orjson
 
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, InvalidRequest, UpstreamError
+from gateway.errors import (
+    OVERLOADED_TYPE,
+    GatewayError,
+    InvalidRequest,
+    UpstreamError,
+    UpstreamOverloaded,
+)
 from gateway.protocols.base import (
     CONTENT,
     DONE,
@@ -49,7 +55,7 @@ from gateway.protocols.base import (
     Rewrite,
     StreamCodec,
     json_object,
-    typed_event,
+    named_event,
 )
 from gateway.protocols.errors import ANTHROPIC_ERRORS, ErrorShape
 from gateway.relay.body import ParsedBody, splice_model
@@ -225,36 +231,39 @@ class MessagesStream(StreamCodec):
             return ERROR, self.error_event(self.error)
         kind = doc.get("type")
         if kind == "content_block_delta":
-            return CONTENT, typed_event(ev.event, data)
+            return CONTENT, named_event(kind, data)
         if kind == "message_start":
             message = doc.get("message")
             if isinstance(message, dict):
                 _rewrite_message(message, self.rewrite)
                 self._merge_usage(message.get("usage"))
                 data = orjson.dumps(doc)
-            return FRAME, typed_event(ev.event, data)
+            return FRAME, named_event(kind, data)
         if kind == "message_delta":
             self._merge_usage(doc.get("usage"))
-            return FRAME, typed_event(ev.event, data)
+            return FRAME, named_event(kind, data)
         if kind == "message_stop":
-            return DONE, typed_event(ev.event, data)
+            return DONE, named_event(kind, data)
         if kind == "error":
             self.error = _engine_error(doc)
             return ERROR, self.error_event(self.error)
         if kind == "content_block_start":
             block = doc.get("content_block")
             if isinstance(block, dict) and block.get("type") not in ("text", "thinking"):
-                return CONTENT, typed_event(ev.event, data)
-        return FRAME, typed_event(ev.event, data)
+                return CONTENT, named_event(kind, data)
+        return FRAME, named_event(kind, data)
 
     def error_event(self, err: GatewayError) -> bytes:
         return ANTHROPIC_ERRORS.event(err, 0)
 
 
-def _engine_error(doc: dict[str, Any]) -> UpstreamError:
-    """The client-facing error of an engine's ``error`` event (its message kept)."""
+def _engine_error(doc: dict[str, Any]) -> GatewayError:
+    """The client-facing error of an engine's ``error`` event (its message kept):
+    ``UpstreamOverloaded`` for an ``overloaded_error``, else ``UpstreamError``."""
     inner = doc.get("error")
     message = inner.get("message") if isinstance(inner, dict) else None
+    if isinstance(inner, dict) and inner.get("type") == OVERLOADED_TYPE:
+        return UpstreamOverloaded(f"engine overloaded: {message or 'overloaded'}")
     return UpstreamError(f"engine error: {message if isinstance(message, str) else 'unknown'}")
 
 
@@ -286,6 +295,7 @@ class MessagesProtocol(Protocol):
     name = "messages"
     path = "/v1/messages"
     operation = "chat"
+    keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's own keep-alive
     errors: ErrorShape = ANTHROPIC_ERRORS
 
     def span_attributes(self) -> dict[str, str]:
@@ -324,6 +334,12 @@ class MessagesProtocol(Protocol):
 
     def codec(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec:
         return MessagesStream(rewrite)
+
+    def is_ping(self, ev: SSEEvent) -> bool:
+        if ev.event is not None:
+            return ev.event == b"ping"
+        data = ev.data or b""
+        return data.find(b'"ping"') >= 0 and (json_object(data) or {}).get("type") == "ping"
 
     def json_usage(self, doc: dict[str, Any]) -> Usage | None:
         return anthropic_usage(doc.get("usage"))

@@ -84,22 +84,35 @@ def assemble(relayed: list[bytes], usage: Usage | None, *, chat: bool) -> dict[s
     """The non-stream response document for the stream chunks ``relayed`` (raw payloads, every
     attempt's; a continuation's role chunk never among them). ``usage``: the summed usage of a
     resumed stream (None: the usage chunk among ``relayed`` is the engine's own). Raises
-    ``UpstreamError`` when the payloads hold no chunk."""
+    ``UpstreamError`` when the payloads hold no chunk.
+
+    Total over what a chunk may carry (``null`` anywhere, any field): ``id``, ``created`` and
+    ``model`` from the first chunk; ``usage`` the last one sent; every other top-level field
+    (``system_fingerprint``, ``service_tier``, vLLM's ``prompt_token_ids``, ``prompt_text``,
+    ``kv_transfer_params``, ``metrics``, or one this code does not know) passed through, its
+    last non-null value. Choices: see ``_Choice``."""
     chunks = orjson.loads(b"[" + b",".join(relayed) + b"]") if relayed else []
     head: dict[str, Any] | None = None
-    choices: dict[int, dict[str, Any]] = {}
+    choices: dict[int, _Choice] = {}
     usage_doc: Any = None
-    fingerprint = None
+    extra: dict[str, Any] = {}
     for chunk in chunks:
         if not isinstance(chunk, dict):
             continue
         if head is None:
             head = chunk
+        if not chunk.keys() <= _ASSEMBLED_TOP:  # (a subset test in C: mostly true)
+            for key, value in chunk.items():
+                if key not in _ASSEMBLED_TOP and (value is not None or key not in extra):
+                    extra[key] = value
         if chunk.get("usage") is not None:
             usage_doc = chunk["usage"]
-        fingerprint = chunk.get("system_fingerprint") or fingerprint
-        for c in chunk.get("choices") or ():
-            index = c.get("index", 0)
+        listed = chunk.get("choices")
+        for c in listed if isinstance(listed, list) else ():
+            if not isinstance(c, dict):
+                continue
+            index = c.get("index")
+            index = index if type(index) is int else 0
             acc = choices.get(index)
             if acc is None:
                 acc = choices[index] = _Choice(index, chat)
@@ -114,13 +127,28 @@ def assemble(relayed: list[bytes], usage: Usage | None, *, chat: bool) -> dict[s
         "created": head.get("created"),
         "model": head.get("model"),
         "choices": [choices[i].done() for i in sorted(choices)],
-        "service_tier": None,
-        "system_fingerprint": fingerprint,
+        "service_tier": extra.pop("service_tier", None),
+        "system_fingerprint": extra.pop("system_fingerprint", None),
         "usage": usage_doc,
     }
     if chat:
-        doc["prompt_logprobs"] = None
+        doc["prompt_logprobs"] = extra.pop("prompt_logprobs", None)
+    doc.update(extra)
     return doc
+
+
+#: top-level chunk fields the assembly builds itself (the rest pass through)
+_ASSEMBLED_TOP = frozenset({"id", "object", "created", "model", "choices", "usage"})
+#: choice fields ``_Choice`` builds itself (the rest pass through)
+_ASSEMBLED_CHOICE = frozenset({"index", "delta", "text", "logprobs", "finish_reason",
+                               "stop_reason", "token_ids", "prompt_token_ids"})
+#: the fields of most streamed choices (the rest: ``_Choice._uncommon``)
+_COMMON_CHOICE = frozenset({"index", "delta", "text", "logprobs", "finish_reason",
+                            "stop_reason"})
+#: chat delta fields ``_Choice`` merges itself (the rest: strings and lists concatenated,
+#: anything else its last non-null value)
+_ASSEMBLED_DELTA = frozenset({"role", "content", "refusal", "tool_calls", "function_call",
+                              *_REASONING})
 
 
 def _usage_doc(engine: Any, usage: Usage) -> dict[str, Any]:
@@ -134,77 +162,173 @@ def _usage_doc(engine: Any, usage: Usage) -> dict[str, Any]:
     }
 
 
-class _Choice:
-    """One choice being assembled: text, reasoning, tool calls by index, logprobs."""
+def _concat(acc: dict[str, Any], key: str, value: Any) -> None:
+    """Merge one streamed ``value`` of ``key`` into ``acc``: strings and lists concatenated,
+    anything else replaces what was there; ``None`` only notes the key (vLLM's chunks set
+    fields to null until they carry something)."""
+    have = acc.get(key)
+    if value is None:
+        acc.setdefault(key, None)
+    elif isinstance(value, str) and isinstance(have, str):
+        acc[key] = have + value
+    elif isinstance(value, list) and isinstance(have, list):
+        have.extend(value)
+    else:
+        acc[key] = list(value) if isinstance(value, list) else value
 
-    __slots__ = ("calls", "chat", "finish", "index", "logprobs", "reasoning", "stop", "text")
+
+class _Choice:
+    """One choice being assembled, as vLLM's non-stream serving builds it
+    (``vllm/entrypoints/openai/chat_completion/serving.py``, ``completion/serving.py``):
+    text (``delta.content`` / ``text``), ``refusal``, ``reasoning`` (either key), tool calls
+    merged by index (``id`` and ``function.name`` taken once: some servers resend the name on
+    every delta; ``arguments`` concatenated), the legacy ``function_call`` alike, logprobs
+    concatenated list by list (chat ``content``/``refusal``; completions ``tokens``,
+    ``token_logprobs``, ``top_logprobs``, ``text_offset``), ``token_ids`` concatenated,
+    ``prompt_token_ids`` (completions) the first sent, ``finish_reason`` and ``stop_reason``;
+    other delta and choice fields passed through (``_concat``)."""
+
+    __slots__ = ("calls", "chat", "extra", "finish", "function_call", "index", "logprobs",
+                 "message", "prompt_ids", "reasoning", "reasoning_key", "stop", "text",
+                 "token_ids")
 
     def __init__(self, index: int, chat: bool) -> None:
         self.index, self.chat = index, chat
         self.text: list[str] = []
         self.reasoning: list[str] = []
+        self.reasoning_key = False  # the engine wrote ``reasoning_content`` (vLLM < 0.32)
         self.calls: dict[int, dict[str, Any]] = {}
-        self.logprobs: dict[str, list[Any]] | None = None
+        self.function_call: dict[str, Any] | None = None
+        self.logprobs: dict[str, Any] | None = None
+        self.message: dict[str, Any] = {}  # refusal and the delta fields passed through
+        self.extra: dict[str, Any] = {}  # the choice fields passed through
+        self.token_ids: list[int] | None = None
+        self.prompt_ids: Any = None
         self.finish: Any = None
         self.stop: Any = None
 
     def add(self, c: dict[str, Any]) -> None:
+        """Merge one streamed choice ``c`` (any field may be absent or ``null``)."""
         if c.get("finish_reason") is not None:
             self.finish, self.stop = c["finish_reason"], c.get("stop_reason")
+        elif c.get("stop_reason") is not None:
+            self.stop = c["stop_reason"]
         lp = c.get("logprobs")
         if isinstance(lp, dict):
             if self.logprobs is None:
                 self.logprobs = {}
             for key, value in lp.items():
-                if isinstance(value, list):
-                    self.logprobs.setdefault(key, []).extend(value)
-                else:
-                    self.logprobs.setdefault(key, value)
+                _concat(self.logprobs, key, value)
+        if not c.keys() <= _COMMON_CHOICE:  # (a subset test in C: mostly true)
+            self._uncommon(c)
         if not self.chat:
             if isinstance(c.get("text"), str):
                 self.text.append(c["text"])
             return
-        delta = c.get("delta") or {}
+        delta = c.get("delta")
+        if not isinstance(delta, dict):
+            return
         if isinstance(delta.get("content"), str):
             self.text.append(delta["content"])
         if not _REASONING.isdisjoint(delta):  # most chunks carry none: no call
             thought = delta_reasoning(delta)
             if thought is not None:
                 self.reasoning.append(thought)
-        if "tool_calls" in delta:
-            for call in delta["tool_calls"] or ():
-                self._call(call)
+                self.reasoning_key = self.reasoning_key or "reasoning_content" in delta
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            for position, call in enumerate(calls):
+                if isinstance(call, dict):
+                    i = call.get("index")
+                    self._call(i if type(i) is int else position, call)
+        if len(delta) > 1 or "content" not in delta:  # not a plain content delta
+            self._rest(delta)
 
-    def _call(self, call: dict[str, Any]) -> None:
-        i = call.get("index", 0)
+    def _uncommon(self, c: dict[str, Any]) -> None:
+        """The choice's fields other than ``_COMMON_CHOICE``: token ids, passed-through ones."""
+        ids = c.get("token_ids")  # vLLM writes ``null`` on every chunk without return_token_ids
+        if isinstance(ids, list):
+            if self.token_ids is None:
+                self.token_ids = []
+            self.token_ids.extend(ids)
+        if self.prompt_ids is None and c.get("prompt_token_ids") is not None:
+            self.prompt_ids = c["prompt_token_ids"]
+        for key, value in c.items():
+            if key not in _ASSEMBLED_CHOICE:
+                _concat(self.extra, key, value)
+
+    def _rest(self, delta: dict[str, Any]) -> None:
+        """The delta's fields other than content, reasoning and tool calls."""
+        refusal = delta.get("refusal")
+        if isinstance(refusal, str):
+            self.message["refusal"] = (self.message.get("refusal") or "") + refusal
+        fc = delta.get("function_call")
+        if isinstance(fc, dict):
+            if self.function_call is None:
+                self.function_call = {"name": "", "arguments": ""}
+            _merge_function(self.function_call, fc)
+        if not delta.keys() <= _ASSEMBLED_DELTA:
+            for key, value in delta.items():
+                if key not in _ASSEMBLED_DELTA:
+                    _concat(self.message, key, value)
+
+    def _call(self, i: int, call: dict[str, Any]) -> None:
         acc = self.calls.get(i)
         if acc is None:
             acc = self.calls[i] = {"id": None, "type": "function",
                                    "function": {"name": "", "arguments": ""}}
-        if call.get("id"):
+        if isinstance(call.get("id"), str) and call["id"] and not acc["id"]:
             acc["id"] = call["id"]
-        if call.get("type"):
+        if isinstance(call.get("type"), str) and call["type"]:
             acc["type"] = call["type"]
-        fn = call.get("function") or {}
-        if fn.get("name"):
-            acc["function"]["name"] += fn["name"]
-        if isinstance(fn.get("arguments"), str):
-            acc["function"]["arguments"] += fn["arguments"]
+        fn = call.get("function")
+        if isinstance(fn, dict):
+            _merge_function(acc["function"], fn)
 
     def done(self) -> dict[str, Any]:
+        """The choice of the non-stream document (vLLM's field order)."""
         if not self.chat:
-            return {"index": self.index, "text": "".join(self.text), "logprobs": self.logprobs,
-                    "finish_reason": self.finish, "stop_reason": self.stop,
-                    "prompt_logprobs": None}
+            out: dict[str, Any] = {
+                "index": self.index, "text": "".join(self.text), "logprobs": self.logprobs,
+                "finish_reason": self.finish, "stop_reason": self.stop, "prompt_logprobs": None}
+            if self.token_ids is not None:
+                out["token_ids"] = self.token_ids
+            if self.prompt_ids is not None:
+                out["prompt_token_ids"] = self.prompt_ids
+            out.update(self.extra)
+            return out
         content: str | None = "".join(self.text)
         if self.calls and not content:
             content = None
+        extra = dict(self.message)
         message: dict[str, Any] = {
-            "role": "assistant", "content": content, "refusal": None, "annotations": None,
-            "audio": None, "function_call": None,
+            "role": "assistant", "content": content, "refusal": extra.pop("refusal", None),
+            "annotations": extra.pop("annotations", None), "audio": extra.pop("audio", None),
+            "function_call": self.function_call,
         }
         if self.calls:
             message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
-        message["reasoning"] = "".join(self.reasoning) if self.reasoning else None
-        return {"index": self.index, "message": message, "logprobs": self.logprobs,
-                "finish_reason": self.finish, "stop_reason": self.stop}
+        reasoning = "".join(self.reasoning) if self.reasoning else None
+        message["reasoning"] = reasoning
+        if self.reasoning_key:
+            message["reasoning_content"] = reasoning
+        message.update(extra)
+        out = {"index": self.index, "message": message, "logprobs": self.logprobs,
+               "finish_reason": self.finish, "stop_reason": self.stop}
+        if self.token_ids is not None:
+            out["token_ids"] = self.token_ids
+        out.update(self.extra)
+        return out
+
+
+def _merge_function(acc: dict[str, Any], fn: dict[str, Any]) -> None:
+    """Merge one streamed ``function`` (of a tool call, or the legacy ``function_call``) into
+    ``acc``: ``name`` taken once (vLLM sends it on the call's first delta only; servers that
+    resend it on every delta would otherwise give ``read_fileread_file``), ``arguments``
+    concatenated."""
+    name = fn.get("name")
+    if isinstance(name, str) and name and not acc["name"]:
+        acc["name"] = name
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        acc["arguments"] += args

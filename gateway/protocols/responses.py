@@ -46,7 +46,7 @@ from gateway.protocols.base import (
     Rewrite,
     StreamCodec,
     json_object,
-    typed_event,
+    named_event,
 )
 from gateway.protocols.errors import RESPONSES_ERRORS, ErrorShape
 from gateway.protocols.response_store import ResponseStore
@@ -120,7 +120,7 @@ class ResponsesStream(StreamCodec):
         if type(seq) is int:
             self.seq = seq
         if kind in DELTA_EVENTS:
-            return CONTENT, typed_event(ev.event, data)
+            return CONTENT, named_event(kind, data)
         resp = doc.get("response")
         if isinstance(resp, dict):
             _rewrite_response(resp, self.rewrite, self.previous_id)
@@ -129,18 +129,18 @@ class ResponsesStream(StreamCodec):
                 self.usage = responses_usage(resp.get("usage"))
                 if kind == "response.failed":
                     self.error = _engine_error(resp)
-                    return ERROR, typed_event(ev.event, data)
+                    return ERROR, named_event(kind, data)
                 self.final = resp
-                return DONE, typed_event(ev.event, data)
-            return FRAME, typed_event(ev.event, data)
+                return DONE, named_event(kind, data)
+            return FRAME, named_event(kind, data)
         if kind == "error" or (kind is None and "error" in doc):
             self.error = _engine_error(doc)
             return ERROR, self.error_event(self.error)
         if kind == "response.output_item.added":
             item = doc.get("item")
             if isinstance(item, dict) and item.get("type") not in ("message", "reasoning"):
-                return CONTENT, typed_event(ev.event, data)
-        return FRAME, typed_event(ev.event, data)
+                return CONTENT, named_event(kind, data)
+        return FRAME, named_event(kind, data)
 
     def error_event(self, err: GatewayError) -> bytes:
         return RESPONSES_ERRORS.event(err, self.seq + 1)

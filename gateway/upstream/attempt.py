@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC
 from email.utils import parsedate_to_datetime
@@ -24,11 +24,12 @@ from gateway.errors import (
     GatewayError,
     UnreadableResponse,
     UpstreamError,
+    UpstreamOverloaded,
     UpstreamTimeout,
     is_client_fault,
     parse_engine_error,
 )
-from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_MALFORMED, Protocol
+from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_FRAME, HEAD_MALFORMED, Protocol
 from gateway.relay.sse import SSEEvent
 from gateway.routing.pools import Pool, Replica
 from gateway.telemetry.tracing import AttemptTrace
@@ -45,6 +46,9 @@ RETRYABLE_STATUSES = frozenset({408, 429})
 #: reason of an in-stream error event with a client's 4xx code before any content: the
 #: request's fault or the replica's, which only another replica's answer tells (failover)
 STREAM_4XX = "stream-4xx"
+#: reason of an engine that said it is overloaded (HTTP 529, an ``overloaded_error`` before any
+#: content): busy like a 429, not broken; retried elsewhere, not an outlier failure
+OVERLOADED = "overloaded"
 
 
 class RetryableFailure(Exception):
@@ -62,8 +66,8 @@ class RetryableFailure(Exception):
     def replica_fault(self) -> bool:
         """True when the failure says the replica is unhealthy (for outlier ejection); a 429
         or 408 says it is busy, not broken; a ``stream-4xx`` is the replica's only once another
-        replica answered the request (failover records it then)."""
-        return self.reason not in ("http-429", "http-408", STREAM_4XX)
+        replica answered the request (failover records it then); an overload is busy too."""
+        return self.reason not in ("http-429", "http-408", STREAM_4XX, OVERLOADED)
 
 
 @dataclass(slots=True)
@@ -83,6 +87,9 @@ class Attempt:
     read_s: float | None = None  # the client's read timeout (x-stainless-read-timeout), s
     read_deadline: float | None = None  # loop time the client stops waiting for a first byte
     json_ok: bool = False  # a JSON answer to be assembled: an engine's JSON body serves too
+    #: called for each keep-alive of the engine (an SSE comment, Messages' ``ping``) before the
+    #: first content event: a committed stream relays it (``gateway.relay.keepalive``)
+    heartbeat: Callable[[], None] | None = None
 
     @property
     def stall_s(self) -> float:
@@ -159,6 +166,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                     detail = b""  # the status still says what happened
                 retry_after = parse_retry_after(resp.headers.get("retry-after"))
                 err = parse_engine_error(resp.status, detail, retry_after)
+                if isinstance(err, UpstreamOverloaded):
+                    raise RetryableFailure(OVERLOADED, err)
                 if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
                     raise RetryableFailure(f"http-{resp.status}", err)
                 if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
@@ -166,7 +175,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                 raise err
             if attempt.stream and not (attempt.json_ok and _is_json(resp)):
                 batches = resp.event_batches()
-                head = await _read_until_content(batches, attempt.protocol)
+                head = await _read_until_content(batches, attempt.protocol, attempt.heartbeat)
                 return OpenedResponse(
                     attempt, resp, time.monotonic() - t_sent, head=head, batches=batches
                 )
@@ -202,18 +211,22 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
 
 
 async def _read_until_content(
-    batches: AsyncIterator[list[SSEEvent]], protocol: Protocol
+    batches: AsyncIterator[list[SSEEvent]], protocol: Protocol,
+    heartbeat: Callable[[], None] | None = None,
 ) -> list[SSEEvent]:
     """Data events up to the first content event (``protocol.head_kind``), plus any that
     arrived in the same read (comments dropped). Until then nothing is sent to the client, so a
     failure here can still be retried: an engine error event (``engine-error``; ``stream-4xx``
     when its code is a client's 4xx, ``is_client_fault``, ``error`` that ``EngineClientError``)
-    or an event that is not one of the protocol's (``malformed``)."""
+    or an event that is not one of the protocol's (``malformed``). ``heartbeat`` is called for
+    each of the engine's keep-alives (comments, ``protocol.is_ping``) until then."""
     head: list[SSEEvent] = []
     async for batch in batches:
         found = False
         for ev in batch:
             if ev.data is None:
+                if heartbeat is not None and ev.comment and not found:
+                    heartbeat()
                 continue
             if not found:
                 kind, err = protocol.head_kind(ev)
@@ -222,6 +235,8 @@ async def _read_until_content(
                     # the engine failed before any output: another replica may still serve.
                     # A 4xx code may be the request's fault or the replica's (vLLM gives any
                     # exception in generation code 400): failover tells them apart
+                    if isinstance(err, UpstreamOverloaded):
+                        raise RetryableFailure(OVERLOADED, err)
                     raise RetryableFailure(STREAM_4XX if is_client_fault(err) else "engine-error",
                                            err)
                 if kind == HEAD_MALFORMED:
@@ -229,6 +244,8 @@ async def _read_until_content(
                         "malformed", UpstreamError("engine sent a malformed response")
                     )
                 found = kind == HEAD_CONTENT
+                if heartbeat is not None and kind == HEAD_FRAME and protocol.is_ping(ev):
+                    heartbeat()
             head.append(ev)
         if found:
             return head

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.errors import (
@@ -48,6 +48,7 @@ async def open_with_failover(
     trace: RequestTrace,
     timeouts: ClientTimeouts | None = None,
     avoid: Sequence[Replica] = (),
+    heartbeat: Callable[[], None] | None = None,
 ) -> OpenedResponse:
     """Try each pool of ``plan.chain`` at most ``retry.max_attempts`` times, each attempt on a
     replica not tried yet, until one answers. ``protocol`` makes each pool's upstream body and
@@ -57,6 +58,7 @@ async def open_with_failover(
     attempt) and the stall between events after it. ``avoid``: replicas to ask only when no
     other is usable, in their pool or a later one of the chain (e.g. those whose streams of
     this request broke before a fresh attempt: the next tier before a replica that broke it).
+    ``heartbeat``: each attempt's (``Attempt.heartbeat``: the engine's keep-alives).
 
     An in-stream error event with a client's 4xx code before any content (``stream-4xx``) is
     ambiguous: vLLM gives every exception in generation code 400 (``serving_chat``'s stream
@@ -183,6 +185,7 @@ async def open_with_failover(
                 extra_headers=span.headers(),
                 read_s=timeouts.read_s,
                 read_deadline=read_deadline,
+                heartbeat=heartbeat,
             )
             try:
                 opened = await open_attempt(state.upstream, attempt)

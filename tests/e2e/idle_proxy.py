@@ -1,0 +1,90 @@
+"""A TCP proxy with an idle timeout, like a load balancer's (AWS ALB, nginx
+``proxy_read_timeout``; 60 s is a common default): a connection over which no byte went either
+way for ``idle_s`` seconds is closed, both sides. ``cut`` counts the connections it closed so."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+
+
+class IdleTimeoutProxy:
+    """``start()`` listens on 127.0.0.1 (``port``, bound by the OS) and forwards every
+    connection to ``target`` (host, port); ``stop()`` closes everything."""
+
+    def __init__(self, target: tuple[str, int], idle_s: float) -> None:
+        self.target, self.idle_s = target, idle_s
+        self.cut = 0
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self._srv.getsockname()[1]
+        self._closed = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> IdleTimeoutProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._srv.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        """Both directions on one thread; closes both after ``idle_s`` without a byte."""
+        peer = {client: upstream, upstream: client}
+        sel = selectors.DefaultSelector()
+        for s in peer:
+            s.setblocking(True)
+            sel.register(s, selectors.EVENT_READ)
+        last = time.monotonic()
+        try:
+            while not self._closed.is_set():
+                left = self.idle_s - (time.monotonic() - last)
+                if left <= 0:
+                    with self._lock:
+                        self.cut += 1
+                    return
+                ready = sel.select(timeout=left)
+                for key, _ in ready:
+                    src: socket.socket = key.fileobj  # type: ignore[assignment]
+                    data = src.recv(65536)
+                    if not data:
+                        return
+                    peer[src].sendall(data)
+                    last = time.monotonic()
+        except OSError:
+            return
+        finally:
+            sel.close()
+            for s in peer:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def stop(self) -> None:
+        self._closed.set()
+        self._srv.close()
+        with self._lock:
+            for s in self._socks:
+                try:
+                    s.close()
+                except OSError:
+                    pass
