@@ -37,6 +37,7 @@ from gateway.console.recorder import ConsoleRecorder
 from gateway.console.routes import install_console
 from gateway.console.state import ConsoleSources
 from gateway.errors import GatewayError
+from gateway.fleet.pools import PoolRegistry
 from gateway.handler import Endpoint
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
@@ -48,7 +49,6 @@ from gateway.protocols.registry import (
 )
 from gateway.protocols.responses import ResponsesProtocol
 from gateway.protocols.responses_routes import add_response_routes
-from gateway.routing.pools import PoolRegistry
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState
 from gateway.telemetry import tokencount
@@ -65,6 +65,7 @@ from gateway.telemetry.usage_store import (
 from gateway.upstream.client import Upstream
 from gateway.upstream.discovery import DnsDiscovery
 from gateway.upstream.health import HealthChecker
+from gateway.upstream.load_scraper import LoadScraper
 
 
 class SpeedgateApp:
@@ -163,7 +164,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         app.state.gateway = state
         for endpoint in hot.values():  # the hot path reads the state itself, not via _Lazy
             endpoint.state = state
-        routing = RoutingService(config, pools, upstream, redis=redis)
+        routing = RoutingService(config, pools, redis=redis)
+        scraper = LoadScraper(pools, upstream)  # engine load, read by routing and the auto tier
         routing_collector = routing.register_metrics(metrics.registry)
         process_collector = ProcessCollector(asyncio.get_running_loop())
         metrics.registry.register(process_collector)
@@ -186,6 +188,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         await telemetry.start()
         health.start()
         routing.start()
+        scraper.start()
         auto.start()
         gc_settings.settle()  # start-up heap frozen, thresholds set (telemetry.gcstats)
         gc_stats.install()  # collections counted from here on
@@ -196,6 +199,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             gc_stats.uninstall()
             metrics.registry.unregister(gc_stats)
             await auto.stop()
+            await scraper.stop()
             await routing.stop()
             metrics.registry.unregister(routing_collector)
             metrics.registry.unregister(process_collector)

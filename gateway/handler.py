@@ -19,6 +19,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from gateway.account import account
 from gateway.admit.control import Ticket
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
@@ -32,13 +33,12 @@ from gateway.errors import GatewayError
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
 from gateway.protocols.base import Protocol, Rewrite, StreamCodec
+from gateway.protocols.body import ParsedBody
 from gateway.relay.assembled import assemble_json
-from gateway.relay.body import ParsedBody
 from gateway.relay.resume import relay_resumable
 from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
-from gateway.telemetry.accounting import account
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord

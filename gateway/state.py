@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from gateway.admit.control import AdmissionControl
 from gateway.config import GatewayConfig
+from gateway.fleet.pools import PoolRegistry
 from gateway.plan.tiers import ModelIndex
-from gateway.routing.pools import PoolRegistry
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import Telemetry
 from gateway.telemetry.usage_store import UsageStore

@@ -37,10 +37,10 @@ from gateway.upstream.deadline import total_timeout_s
 
 if TYPE_CHECKING:
     from gateway.admit.auth import ApiKey
+    from gateway.fleet.pools import PoolRegistry
     from gateway.plan.chain import Plan
     from gateway.plan.tiers import TierRequest
-    from gateway.relay.body import ParsedBody
-    from gateway.routing.pools import PoolRegistry
+    from gateway.protocols.body import ParsedBody
     from gateway.telemetry.record import RequestRecord
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import Tier
+from gateway.fleet.pools import Pool, PoolRegistry
 from gateway.plan.tiers import TierRequest
-from gateway.routing.pools import Pool, PoolRegistry
 
 if TYPE_CHECKING:
     from gateway.plan.auto.service import AutoChoice

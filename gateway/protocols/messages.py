@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError
 from gateway.protocols.base import (
@@ -43,9 +44,8 @@ from gateway.protocols.base import (
     json_object,
     typed_event,
 )
+from gateway.protocols.body import ParsedBody, splice_model
 from gateway.protocols.errors import ANTHROPIC_ERRORS, ErrorShape
-from gateway.relay.body import ParsedBody, splice_model
-from gateway.relay.sse import SSEEvent
 
 ANTHROPIC_SERVICE_TIERS: dict[str, str | None] = {"standard_only": "default", "auto": None}
 _USAGE_FIELDS = (

@@ -45,14 +45,13 @@ import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 
+from gateway.fleet.pools import Pool, Replica, replica_load
 from gateway.routing.filters import not_tried, over_share, overloaded, under_bound
 from gateway.routing.hashring import hash_order
 from gateway.routing.keys import RouteRequest, sampled_indices
 from gateway.routing.ledger import SessionLedger
 from gateway.routing.ledger_redis import RedisSessionLedger
-from gateway.routing.load import replica_load
 from gateway.routing.picker import RoundRobin, pick_best, weighted_scores
-from gateway.routing.pools import Pool, Replica
 from gateway.routing.scorers import ScoreContext
 from gateway.routing.store import Lookup, RoutingStore
 

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
+from gateway.common.sse import EventTooLarge, SSEEvent, SSEParser
 from gateway.config import UpstreamConfig
-from gateway.relay.sse import EventTooLarge, SSEEvent, SSEParser
 from gateway.upstream.encoding import ACCEPT_ENCODING, Decoder, UndecodableResponse, decoder_for
 
 MAX_ERROR_BODY_BYTES = 64 * 1024

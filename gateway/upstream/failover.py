@@ -19,12 +19,11 @@ from gateway.errors import (
     UnreadableResponse,
     UpstreamTimeout,
 )
+from gateway.fleet.pools import Pool, Replica
 from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol
-from gateway.relay.body import ParsedBody
+from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
-from gateway.routing.pools import Pool, Replica
-from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import (
@@ -35,11 +34,12 @@ from gateway.upstream.attempt import (
     open_attempt,
 )
 from gateway.upstream.deadline import ClientTimeouts, total_timeout_s
+from gateway.upstream.deps import StepDeps
 from gateway.upstream.retry import full_jitter_backoff_s
 
 
 async def open_with_failover(
-    state: GatewayState,
+    state: StepDeps,
     plan: Plan,
     body: ParsedBody,
     protocol: Protocol,

@@ -1,4 +1,5 @@
-"""Retry policy: backoff with full jitter and a per-pool retry budget. Pure (clock injected).
+"""Retry policy: backoff with full jitter (the per-pool retry budget is the fleet's:
+``gateway.fleet.retry_budget``). Pure (clock injected).
 
 Vocabulary and semantics from Envoy (``retry_on``, retry budgets with ``budget_percent`` and a
 floor like ``min_retry_concurrency``); backoff from "Exponential Backoff And Jitter" (AWS
@@ -8,7 +9,6 @@ Architecture Blog, Brooker 2015): sleep = uniform(0, min(cap, base × 2^attempt)
 from __future__ import annotations
 
 import random
-from collections import deque
 
 from gateway.config import RetryConfig
 
@@ -19,50 +19,3 @@ def full_jitter_backoff_s(
     """Seconds to wait before retry number ``retry_index`` (1 = first retry)."""
     cap = min(config.backoff_max_s, config.backoff_base_s * (2 ** max(0, retry_index - 1)))
     return (rng or random).uniform(0.0, cap)
-
-
-class RetryBudget:
-    """Retries allowed in a sliding window: at most ``budget_percent`` % of the requests the pool
-    received in the last ``budget_window_s`` seconds, plus ``budget_min_retries`` (the floor
-    that lets a quiet pool still retry). An outage thus adds at most ~20 % load, not 3×.
-
-    ``record_request(now)`` once per request routed to the pool (first attempts and
-    fallbacks); ``try_acquire(now)`` before each retry, True when the retry may go.
-    """
-
-    __slots__ = ("_config", "_requests", "_retries", "exhausted")
-
-    def __init__(self, config: RetryConfig) -> None:
-        self._config = config
-        self._requests: deque[float] = deque()
-        self._retries: deque[float] = deque()
-        self.exhausted = 0  # retries refused, for metrics
-
-    def _trim(self, now: float) -> None:
-        horizon = now - self._config.budget_window_s
-        for q in (self._requests, self._retries):
-            while q and q[0] < horizon:
-                q.popleft()
-
-    def record_request(self, now: float) -> None:
-        """Count one request routed to this pool at ``now`` (seconds, monotonic)."""
-        self._requests.append(now)
-        if len(self._requests) > 100_000:  # memory bound under extreme rates
-            self._trim(now)
-
-    def allowed(self, now: float) -> int:
-        """How many retries the window allows in total right now."""
-        self._trim(now)
-        pct = self._config.budget_percent / 100.0
-        return int(len(self._requests) * pct) + self._config.budget_min_retries
-
-    def try_acquire(self, now: float) -> bool:
-        """Take one retry from the budget; False (and counted) when it is spent. The window is
-        trimmed before the retries in it are counted (else a burst long past would still
-        count against the first retry after a quiet period)."""
-        allowed = self.allowed(now)  # trims both windows to the last budget_window_s
-        if len(self._retries) < allowed:
-            self._retries.append(now)
-            return True
-        self.exhausted += 1
-        return False

@@ -12,7 +12,7 @@ import pytest
 from gateway.admit.flow.bands import BandChoice
 from gateway.admit.flow.control import Admission, FlowControl, QueueRefused, Slot
 from gateway.config import load_config
-from gateway.routing.pools import PoolRegistry
+from gateway.fleet.pools import PoolRegistry
 
 BANDS = [{"name": "interactive", "max_queue_s": 30}, {"name": "standard", "max_queue_s": 60},
          {"name": "batch", "max_queue_s": 900, "max_wait_s": 10}]
