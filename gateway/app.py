@@ -1,7 +1,7 @@
 """The FastAPI application: routes, lifespan (upstream client, health probes), request ids.
 
-The hot-path routes, one per client API (``gateway.protocols``), are raw ASGI endpoints
-(``handler.Endpoint``); the rest (models, health, metrics, usage, stored responses) are
+The hot-path routes, one per client API (``gateway.protocols``), are raw ASGI apps
+(``handler.ApiRoute``); the rest (models, health, metrics, usage, stored responses) are
 ordinary FastAPI routes. No compression middleware: ``text/event-stream`` is never compressed.
 """
 
@@ -23,10 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.admit.admission import build_admission
 from gateway.admit.audit import client_addr
 from gateway.admit.auth import PermissionDenied
 from gateway.admit.connections import GUARD_KEY, ConnectionGuard
-from gateway.admit.control import build_admission
 from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import HeadersTooLarge, check_headers
@@ -35,10 +35,10 @@ from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig, load_config
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.routes import install_console
-from gateway.console.state import ConsoleSources
+from gateway.console.snapshot import ConsoleSources
 from gateway.errors import GatewayError
 from gateway.fleet.pools import PoolRegistry
-from gateway.handler import Endpoint
+from gateway.handler import ApiRoute
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
 from gateway.protocols.registry import (
@@ -70,11 +70,11 @@ from gateway.upstream.load_scraper import LoadScraper
 
 class SpeedgateApp:
     """The outermost ASGI app. ``POST`` to a protocol's path goes straight to its raw
-    endpoint (no middleware layers on the per-token path); everything else, lifespan included,
+    ``ApiRoute`` (no middleware layers on the per-token path); everything else, lifespan included,
     goes to the FastAPI app ``api``. A trailing slash names the same route (no redirects)."""
 
     def __init__(
-        self, api: FastAPI, hot: dict[str, Endpoint], max_header_bytes: int = 32768
+        self, api: FastAPI, hot: dict[str, ApiRoute], max_header_bytes: int = 32768
     ) -> None:
         self.api = api
         self.hot = hot
@@ -86,11 +86,11 @@ class SpeedgateApp:
                 check_headers(scope["headers"], self.max_header_bytes)
             except HeadersTooLarge as e:
                 rid = request_id(scope)
-                endpoint = self.hot.get(scope["path"])
-                if endpoint is None:
+                route = self.hot.get(scope["path"])
+                if route is None:
                     await send_error(send, e, [(b"x-request-id", rid.encode())])
                     return
-                shape = endpoint.protocol.errors
+                shape = route.protocol.errors
                 await send_response(
                     send, shape.status(e), shape.body(e, rid),
                     [(b"x-request-id", rid.encode()), *shape.headers(e)],
@@ -102,10 +102,10 @@ class SpeedgateApp:
                 # redirect's Location would be built from the client's Host header)
                 scope = {**scope, "path": path.rstrip("/") or "/"}
         if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self.hot.get(scope["path"])
-            if endpoint is not None:
+            route = self.hot.get(scope["path"])
+            if route is not None:
                 scope["speedgate.request_id"] = request_id(scope)
-                await endpoint(scope, receive, send)
+                await route(scope, receive, send)
                 return
         await self.api(scope, receive, send)
 
@@ -162,8 +162,8 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         state.console = console
         holder["state"] = state
         app.state.gateway = state
-        for endpoint in hot.values():  # the hot path reads the state itself, not via _Lazy
-            endpoint.state = state
+        for route in hot.values():  # the hot path reads the state itself, not via _Lazy
+            route.state = state
         routing = RoutingService(config, pools, redis=redis)
         scraper = LoadScraper(pools, upstream)  # engine load, read by routing and the auto tier
         routing_collector = routing.register_metrics(metrics.registry)
@@ -232,9 +232,9 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
             return getattr(holder["state"], name)
 
     lazy: Any = _Lazy()
-    hot: dict[str, Endpoint] = {}
+    hot: dict[str, ApiRoute] = {}
     for path, protocol in protocols.items():
-        hot[path] = Endpoint(lazy, protocol, gate)
+        hot[path] = ApiRoute(lazy, protocol, gate)
         # also a FastAPI route, so other methods get a proper 405
         app.router.routes.append(Route(path, hot[path], methods=["POST"]))
 

@@ -1,8 +1,8 @@
 """The path of one request, top-down: admit → plan → attempt → relay → account (DESIGN §1).
 
-``Endpoint`` is a raw ASGI app serving one client API (``/v1/chat/completions``,
+``ApiRoute`` is a raw ASGI app serving one client API (``/v1/chat/completions``,
 ``/v1/completions``, ``/v1/responses``, ``/v1/messages``, ``/v1/messages/count_tokens``): no
-response models, no per-chunk validation. What differs between APIs is asked of the endpoint's
+response models, no per-chunk validation. What differs between APIs is asked of the route's
 ``Protocol`` (``gateway.protocols``): reading the body, the fields it owns, its stream framing,
 usage and errors. Each step calls a small module: ``gate`` (key, entitlements, rate limits),
 ``admission`` (priority band, session budget, the queue of a saturated pool), ``tiers`` and
@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.account import account
-from gateway.admit.control import Ticket
+from gateway.admit.admission import Ticket
 from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.params import check_sampling_params
@@ -51,7 +51,7 @@ from gateway.upstream.failover import open_with_failover
 log = logging.getLogger("speedgate.handler")
 
 
-class Endpoint:
+class ApiRoute:
     """ASGI app for ``POST <protocol.path>``."""
 
     def __init__(self, state: GatewayState, protocol: Protocol, gate: Gate | None = None) -> None:

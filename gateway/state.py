@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.admit.control import AdmissionControl
+from gateway.admit.admission import AdmissionControl
 from gateway.config import GatewayConfig
 from gateway.fleet.pools import PoolRegistry
 from gateway.plan.tiers import ModelIndex

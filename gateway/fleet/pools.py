@@ -64,7 +64,7 @@ def replica_load(r: Replica, now: float, fresh_s: float = 3.0) -> int:
     replicas' requests. The load decides whether a replica is ``overloaded`` (the only reason a
     bound session leaves it), feeds the load scorer, and is what the bounded-load rule bounds for
     policies without session state; sessions being bound are bounded by active sessions instead
-    (``gateway.routing.ledger``). Units: requests."""
+    (``gateway.routing.session_ledger``). Units: requests."""
     if r.engine_load_at and now - r.engine_load_at <= fresh_s:
         return max(r.inflight, r.engine_running + r.engine_waiting)
     return r.inflight

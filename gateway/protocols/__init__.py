@@ -1,6 +1,6 @@
 """Client APIs as protocol adapters (DESIGN §11): one module per API, one request path for all.
 
-The handler (``gateway.handler.Endpoint``) runs every API through the same steps (admit, plan,
+The handler (``gateway.handler.ApiRoute``) runs every API through the same steps (admit, plan,
 attempt, relay, account); what differs between APIs is asked of a ``Protocol``
 (``base.Protocol``): how to read and validate the body (model, stream flag, the conversation in
 chat shape for routing keys and token estimates, the output cap, the ``service_tier`` hint),

@@ -1,7 +1,7 @@
 """Replica choice within a pool (DESIGN §5-6): filters → weighted scorers → picker.
 
 - ``keys``: session key and prefix block chain of a request (no tokenizer);
-- ``filters``: not-yet-tried, bounded load, overloaded; ``ledger``: active sessions per
+- ``filters``: not-yet-tried, bounded load, overloaded; ``session_ledger``: active sessions per
   replica; ``scorers/``: one file per scorer, each in [0, 1]; ``picker``: best weighted
   score or round robin; ``pipeline``: one pool's router;
 - ``store``: session and prefix bindings, in memory or Redis; ``table``: the bounded LRU+TTL

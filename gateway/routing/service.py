@@ -27,8 +27,8 @@ from gateway.common.breaker import CircuitBreaker
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
 from gateway.fleet.pools import PoolRegistry
-from gateway.routing.ledger_redis import RedisSessionLedger
 from gateway.routing.pipeline import PoolRouter
+from gateway.routing.session_ledger_redis import RedisSessionLedger
 from gateway.routing.store import MemoryRoutingStore, RedisRoutingStore
 
 

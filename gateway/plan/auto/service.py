@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from gateway.common.tasks import cancel_and_wait
 from gateway.fleet.pools import replica_load
-from gateway.plan.auto.decide import AutoParams, Decision, PoolView, RequestFacts, decide
+from gateway.plan.auto.decide import AutoParams, PoolView, RequestFacts, TierDecision, decide
 from gateway.plan.auto.estimator import Measurement, PoolEstimator, expected_output_tokens
 from gateway.routing.keys import RouteRequest, sampled_indices
 from gateway.routing.table import AffinityTable
@@ -49,7 +49,7 @@ class AutoChoice:
     """What ``choose`` decided for one request (kept on the request record so ``observe`` can
     compare the estimate with the measurement)."""
 
-    decision: Decision
+    decision: TierDecision
     pool_key: str
 
     @property
@@ -203,7 +203,7 @@ class AutoTier:
             req.model.tiers[t].prices.input_per_mtok_usd
             + req.model.tiers[t].prices.output_per_mtok_usd, t != "standard"))
         self.decisions[(req.model_name, tier, "session-budget")] += 1
-        return AutoChoice(Decision(tier, "session-budget"), f"{req.model_name}/{tier}")
+        return AutoChoice(TierDecision(tier, "session-budget"), f"{req.model_name}/{tier}")
 
     def entitlement_denied(self, model: str) -> None:
         """Count an ``auto`` request served standard because its key lacks the fast tier."""

@@ -14,7 +14,7 @@ class ScoreContext:
     ``blocks``: the request's prefix block count; ``order``: the session's consistent-hash
     order of the whole pool; ``loads``: requests per candidate (``fleet.pools.replica_load``);
     ``lead_blocks``: blocks of the shared preamble (system prompt) that prove no affinity;
-    ``sessions``: active sessions per candidate (``ledger``) when a session is being bound,
+    ``sessions``: active sessions per candidate (``session_ledger``) when a session is being bound,
     None for policies that keep no session state."""
 
     lookup: Lookup | None

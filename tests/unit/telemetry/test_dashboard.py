@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gateway.admit.budget import SessionBudgets
-from gateway.admit.flow.control import FlowControl
+from gateway.admit.flow.flow_control import FlowControl
 from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.common.usage import Usage
 from gateway.config import load_config

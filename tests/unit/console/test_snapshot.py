@@ -13,7 +13,7 @@ from gateway.common.usage import Usage
 from gateway.config import load_config
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.sketch import RELATIVE_ACCURACY
-from gateway.console.state import ConsoleSources, build_state
+from gateway.console.snapshot import ConsoleSources, build_state
 from gateway.fleet.pools import PoolRegistry
 from gateway.plan.auto.service import AutoTier
 from gateway.telemetry.cost import cost_usd

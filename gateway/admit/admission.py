@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 from gateway.admit.auth import load_keys
 from gateway.admit.budget import HEADER as BUDGET_HEADER
 from gateway.admit.budget import BudgetHold, SessionBudgets, estimate_usd
-from gateway.admit.budget_redis import RedisLedger
+from gateway.admit.budget_redis import RedisBudgetLedger
 from gateway.admit.flow.bands import HEADER as PRIORITY_HEADER
-from gateway.admit.flow.control import (
+from gateway.admit.flow.flow_control import (
     BYTES_PER_TOKEN,
     Admission,
     FlowControl,
@@ -155,7 +155,7 @@ def build_admission(config: GatewayConfig, pools: PoolRegistry) -> AdmissionCont
         raise ConfigError(str(e)) from None
     b, st = config.budgets, config.state
     ledger = (
-        RedisLedger.from_url(st.redis_url, st.redis_timeout_s, prefix=b.redis_prefix,
+        RedisBudgetLedger.from_url(st.redis_url, st.redis_timeout_s, prefix=b.redis_prefix,
                              reservation_ttl_s=b.reservation_ttl_s,
                              session_ttl_s=b.session_ttl_s)
         if st.redis_url else None
