@@ -32,7 +32,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in
     "admit",
     "relay",
     "account handler state console",
-    "app",
+    "app routes",
     "server",
     "demo",
     "cli",
