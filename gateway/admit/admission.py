@@ -6,7 +6,7 @@
    ``over_soft_budget`` steers ``auto`` to the cheaper tier, its ``engine_priority`` goes to
    pools whose engines run vLLM's priority scheduling, its ``headers()`` go on the response;
 2. ``wait(ticket, plan, timeout_s, rec)`` inside the disconnect watch, before the first attempt: a
-   slot on the plan's first pool, queued while that pool is saturated (``flow.control``; 503,
+   slot on the plan's first pool, queued while that pool is saturated (``flow.flow_control``; 503,
    or 429 for flex, when it cannot start in time); returns the request timeout left;
 3. ``leave(ticket, rec)`` exactly once after accounting, on every exit path: the slot back
    (the next waiting request goes at once) and the session's reservation settled at the

@@ -25,7 +25,7 @@ from gateway.protocols.base import Protocol
 from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tracing import RequestTrace
+from gateway.telemetry.tracing import AttemptTrace, RequestTrace
 from gateway.upstream.attempt import (
     STREAM_4XX,
     Attempt,
@@ -176,14 +176,7 @@ async def open_with_failover(
                     suspect = (pool, replica)
                 reasons.append(RetryCause(pool.tier, f.reason))
                 last, last_reason = f.error, f.reason
-                span.end(f.reason, status=f.error.status)
-                metrics.record_attempt(pool, f.reason)
-                if f.reason == "ttft-timeout":
-                    metrics.record_timeout(pool, "ttft")
-                elif f.reason == "connect-timeout":
-                    metrics.record_timeout(pool, "connect")
-                if f.replica_fault:
-                    pool.record_failure(replica, loop.time())
+                _note_retryable(state, pool, replica, span, f, loop.time())
                 continue
             except UpstreamTimeout as e:  # the total deadline: nothing more to try
                 span.end("total-timeout")
@@ -221,6 +214,22 @@ async def open_with_failover(
             f"no healthy replica for model {plan.request.model_name!r}", retry_after_s=1
         )
     raise last
+
+
+def _note_retryable(
+    state: StepDeps, pool: Pool, replica: Replica, span: AttemptTrace, f: RetryableFailure,
+    now: float,
+) -> None:
+    """A retryable failure of ``replica`` at ``now`` (loop seconds): its span ended, the attempt
+    and its timeout stage counted, and outlier detection fed when it was the replica's fault."""
+    span.end(f.reason, status=f.error.status)
+    state.metrics.record_attempt(pool, f.reason)
+    if f.reason == "ttft-timeout":
+        state.metrics.record_timeout(pool, "ttft")
+    elif f.reason == "connect-timeout":
+        state.metrics.record_timeout(pool, "connect")
+    if f.replica_fault:
+        pool.record_failure(replica, now)
 
 
 def _note_failure(
