@@ -1,8 +1,8 @@
 """The path of one request, top-down: admit → plan → attempt → relay → account (DESIGN §1).
 
-``Endpoint`` is a raw ASGI app serving one client API (``/v1/chat/completions``,
+``ApiRoute`` is a raw ASGI app serving one client API (``/v1/chat/completions``,
 ``/v1/completions``, ``/v1/responses``, ``/v1/messages``, ``/v1/messages/count_tokens``): no
-response models, no per-chunk validation. What differs between APIs is asked of the endpoint's
+response models, no per-chunk validation. What differs between APIs is asked of the route's
 ``Protocol`` (``gateway.protocols``): reading the body, the fields it owns, its stream framing,
 usage and errors. Each step calls a small module: ``gate`` (key, entitlements, rate limits),
 ``admission`` (priority band, session budget, the queue of a saturated pool), ``tiers`` and
@@ -19,7 +19,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from gateway.admit.control import Ticket
+from gateway.account import account
+from gateway.admit.admission import Ticket
 from gateway.admit.gate import Gate
 from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
@@ -31,14 +32,13 @@ from gateway.errors import GatewayError
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
 from gateway.protocols.base import Protocol, Rewrite, StreamCodec
+from gateway.protocols.body import ParsedBody
 from gateway.relay.assembled import assemble_json
-from gateway.relay.body import ParsedBody
 from gateway.relay.keepalive import PrefillKeepalive
 from gateway.relay.resume import relay_resumable
 from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
 from gateway.state import GatewayState
-from gateway.telemetry.accounting import account
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord
@@ -51,7 +51,7 @@ from gateway.upstream.failover import open_with_failover
 log = logging.getLogger("speedgate.handler")
 
 
-class Endpoint:
+class ApiRoute:
     """ASGI app for ``POST <protocol.path>``."""
 
     def __init__(self, state: GatewayState, protocol: Protocol, gate: Gate | None = None) -> None:

@@ -1,26 +1,26 @@
-"""The gateway's runtime state, created once per process in the app's lifespan."""
+"""The gateway's runtime state: built once per process by ``build_state``, finished and immutable
+from then on (the app's lifespan only starts and stops what it holds)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from gateway.admit.control import AdmissionControl
+from gateway.admit.admission import AdmissionControl, build_admission
+from gateway.admit.flow.metrics import register_flow_metrics
+from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
+from gateway.console.recorder import ConsoleRecorder
+from gateway.fleet.pools import PoolRegistry
+from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
-from gateway.routing.pools import PoolRegistry
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import Telemetry
-from gateway.telemetry.usage_store import UsageStore
+from gateway.telemetry.usage_store import MemoryUsageStore, RedisUsageStore, UsageStore
 from gateway.upstream.client import Upstream
 from gateway.upstream.health import HealthChecker
 
-if TYPE_CHECKING:
-    from gateway.console.recorder import ConsoleRecorder
-    from gateway.plan.auto.service import AutoTier
 
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class GatewayState:
     """Everything a request needs: config, name index, pools, upstream client, health probes,
     metrics, traces and the usage totals store; ``admission``: priority bands, pool queues and
@@ -36,5 +36,37 @@ class GatewayState:
     telemetry: Telemetry
     usage: UsageStore
     admission: AdmissionControl
-    auto: AutoTier | None = None
-    console: ConsoleRecorder | None = None
+    auto: AutoTier
+    console: ConsoleRecorder | None
+
+
+def build_state(config: GatewayConfig, redis: RedisConnection | None) -> GatewayState:
+    """The finished state of ``config``; ``redis``: the gateway's one shared connection (None
+    without ``state.redis_url``: usage totals in memory). Nothing here needs a running loop:
+    the upstream session, the probes and the background tasks start in the app's lifespan. The
+    auto tier's, admission's and budgets' collectors are registered in the metrics registry."""
+    pools = PoolRegistry(config)
+    metrics = GatewayMetrics(pools)
+    auto = AutoTier(config, pools)  # the auto tier's live estimates
+    metrics.registry.register(auto.collector())
+    admission = build_admission(config, pools)  # bands, pool queues, session budgets
+    register_flow_metrics(admission.flow, metrics.registry)
+    metrics.registry.register(admission.budgets.collector())
+    upstream = Upstream(config.upstream)
+    usage: UsageStore = (
+        RedisUsageStore(redis.client, breaker=redis.breaker) if redis is not None
+        else MemoryUsageStore()
+    )
+    return GatewayState(
+        config=config,
+        models=ModelIndex(config),
+        pools=pools,
+        upstream=upstream,
+        health=HealthChecker(config.health, pools, upstream),
+        metrics=metrics,
+        telemetry=Telemetry(config.telemetry, registry=metrics.registry),
+        usage=usage,
+        admission=admission,
+        auto=auto,
+        console=ConsoleRecorder(config.console) if config.console.enabled else None,
+    )

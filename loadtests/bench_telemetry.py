@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.common.usage import Usage
 from gateway.config import Prices, TelemetryConfig, load_config
-from gateway.routing.pools import PoolRegistry
+from gateway.fleet.pools import PoolRegistry
 from gateway.telemetry.access_log import format_json
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import (

@@ -27,10 +27,10 @@ from engines.sim.messages_api import SchemaError, count_tokens_body
 from engines.sim.messages_api import to_chat as messages_to_chat
 from engines.sim.params import InvalidParam, check_n, check_stop
 from engines.sim.plans import Plan, make_plans
+from engines.sim.replica_state import STATE, SimState
 from engines.sim.request import RequestContext, RequestError
 from engines.sim.request_models import request_problem
 from engines.sim.sse import ConnectionReset
-from engines.sim.state import STATE, SimState
 from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat, rendered_key
 
 THREAD_THRESHOLD_CHARS = 200_000  # tokenise larger prompts in a worker thread

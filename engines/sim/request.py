@@ -10,7 +10,7 @@ from engines.sim import protocol as P
 from engines.sim.engine import Job
 from engines.sim.faults import Faults
 from engines.sim.plans import Plan
-from engines.sim.state import SimState
+from engines.sim.replica_state import SimState
 from engines.sim.textgen import Prompt
 
 

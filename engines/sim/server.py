@@ -38,7 +38,7 @@ from engines.sim.completions import (
 from engines.sim.config import SimConfig
 from engines.sim.faults import NO_FAULTS, Faults
 from engines.sim.metrics import CONTENT_TYPE
-from engines.sim.state import STATE, Counts, SimState
+from engines.sim.replica_state import STATE, Counts, SimState
 from engines.sim.textgen import render_chat
 from engines.sim.textgen import tokenize as textgen_tokenize
 

@@ -13,9 +13,9 @@
 - ``connections``: ``GuardedHttpToolsProtocol``, the server's HTTP protocol (uvicorn's
   httptools with header/body read timeouts, a connection cap and a pipelining fix), and its
   limits and counters, ``ConnectionGuard``;
-- ``control``: ``AdmissionControl`` (``enter`` → ``Ticket``, ``wait``, ``leave``), admission under
+- ``admission``: ``AdmissionControl`` (``enter`` → ``Ticket``, ``wait``, ``leave``), admission under
   load: the request's priority band and session budget, then a slot on a saturated pool;
 - ``flow/``: ``FlowControl``, the gateway queue per pool (bands, fair queuing, shedding);
-- ``budget``: ``SessionBudgets`` (USD per session, ``BudgetExceeded``), ``MemoryLedger``;
-  ``budget_redis``: ``RedisLedger``, the ledgers shared by replicas.
+- ``budget``: ``SessionBudgets`` (USD per session, ``BudgetExceeded``), ``MemoryBudgetLedger``;
+  ``budget_redis``: ``RedisBudgetLedger``, the ledgers shared by replicas.
 """

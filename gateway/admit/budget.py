@@ -10,8 +10,8 @@ spend). When it ends, the reservation is replaced by its actual cost. Past ``sof
 budget ``auto`` takes the cheaper tier. Past the budget: 429 ``session_budget_exceeded`` with
 the remaining budget header. Ledgers are scoped by API key (two keys never share a session).
 
-The arithmetic (``check``, ``estimate_usd``) is pure; ``MemoryLedger`` keeps one process's
-ledgers, ``gateway.admit.budget_redis.RedisLedger`` the shared ones. USD throughout.
+The arithmetic (``check``, ``estimate_usd``) is pure; ``MemoryBudgetLedger`` keeps one process's
+ledgers, ``gateway.admit.budget_redis.RedisBudgetLedger`` the shared ones. USD throughout.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class BudgetUnavailable(GatewayError):
 
 
 @dataclass(slots=True)
-class LedgerState:
+class BudgetEntry:
     """A session's ledger: the budget last applied, spend of finished requests, and the
     estimates of requests in flight (all USD)."""
 
@@ -102,12 +102,12 @@ class LedgerState:
     reserved_usd: float = 0.0
 
 
-class Ledger(Protocol):
-    """Where session ledgers live (``MemoryLedger``, ``RedisLedger``)."""
+class BudgetLedger(Protocol):
+    """Where session ledgers live (``MemoryBudgetLedger``, ``RedisBudgetLedger``)."""
 
     async def reserve(
         self, ledger_id: str, budget_usd: float, estimate_usd: float, request_id: str
-    ) -> tuple[bool, LedgerState]:
+    ) -> tuple[bool, BudgetEntry]:
         """Atomically: admitted iff spent + reserved < budget, then reserve ``estimate_usd``
         for ``request_id``. Returns (admitted, the state before this reservation)."""
         ...
@@ -116,7 +116,7 @@ class Ledger(Protocol):
         """Replace ``request_id``'s reservation by its actual cost."""
         ...
 
-    async def read(self, ledger_id: str) -> LedgerState | None:
+    async def read(self, ledger_id: str) -> BudgetEntry | None:
         """The ledger (None when the session has none)."""
         ...
 
@@ -127,11 +127,11 @@ class Ledger(Protocol):
 
 @dataclass(slots=True)
 class _Entry:
-    state: LedgerState = field(default_factory=LedgerState)
+    state: BudgetEntry = field(default_factory=BudgetEntry)
     holds: dict[str, tuple[float, float]] = field(default_factory=dict)  # rid → (usd, expiry)
 
 
-class MemoryLedger:
+class MemoryBudgetLedger:
     """Ledgers of one process, LRU-bounded to ``max_sessions``; reservations expire after
     ``reservation_ttl_s`` (a request that never settled)."""
 
@@ -156,10 +156,10 @@ class MemoryLedger:
         return e
 
     async def reserve(self, ledger_id: str, budget_usd: float, estimate_usd: float,
-                      request_id: str) -> tuple[bool, LedgerState]:
+                      request_id: str) -> tuple[bool, BudgetEntry]:
         e = self._entry(ledger_id)
         e.state.budget_usd = budget_usd
-        before = LedgerState(budget_usd, e.state.spent_usd, e.state.reserved_usd)
+        before = BudgetEntry(budget_usd, e.state.spent_usd, e.state.reserved_usd)
         if before.spent_usd + before.reserved_usd >= budget_usd:
             return False, before
         e.holds[request_id] = (estimate_usd, self.clock() + self.ttl_s)
@@ -173,11 +173,11 @@ class MemoryLedger:
             e.state.reserved_usd = max(0.0, e.state.reserved_usd - held[0])
         e.state.spent_usd += actual_usd
 
-    async def read(self, ledger_id: str) -> LedgerState | None:
+    async def read(self, ledger_id: str) -> BudgetEntry | None:
         if ledger_id not in self._entries:
             return None
         s = self._entry(ledger_id).state
-        return LedgerState(s.budget_usd, s.spent_usd, s.reserved_usd)
+        return BudgetEntry(s.budget_usd, s.spent_usd, s.reserved_usd)
 
     async def close(self) -> None:
         return None
@@ -208,10 +208,10 @@ def ledger_id(key_id: str | None, session_id: str) -> str:
 class SessionBudgets:
     """Session budgets of one gateway process (see the module docstring)."""
 
-    def __init__(self, config: GatewayConfig, ledger: Ledger | None = None) -> None:
+    def __init__(self, config: GatewayConfig, ledger: BudgetLedger | None = None) -> None:
         self.config = config.budgets
         self.models = config.models
-        self.ledger: Ledger = ledger or MemoryLedger(config.budgets.reservation_ttl_s)
+        self.ledger: BudgetLedger = ledger or MemoryBudgetLedger(config.budgets.reservation_ttl_s)
         self.refusals: dict[str, int] = {}  # model → requests refused for their budget
         self.soft: dict[str, int] = {}  # model → requests admitted past the soft share
         self._settles: set[asyncio.Task[None]] = set()

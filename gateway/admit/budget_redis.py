@@ -1,4 +1,4 @@
-"""``RedisLedger``: session ledgers shared by every gateway replica (see
+"""``RedisBudgetLedger``: session ledgers shared by every gateway replica (see
 ``gateway.admit.budget`` for the rule). Check-and-reserve is one Lua script on Redis' clock, so
 two replicas admitting turns of one session concurrently see each other's reservations.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.admit.budget import LedgerState
+from gateway.admit.budget import BudgetEntry
 
 # KEYS: 1 ledger hash, 2 holds hash. ARGV: 1 budget, 2 estimate, 3 request id, 4 hold ttl ms,
 # 5 session ttl s. Returns {admitted (0/1), spent, reserved before this request}.
@@ -55,7 +55,7 @@ def _num(v: Any) -> float:
     return float(v.decode() if isinstance(v, bytes) else v)
 
 
-class RedisLedger:
+class RedisBudgetLedger:
     """Ledgers in Redis. ``client``: a ``redis.asyncio.Redis`` with short timeouts
     (``from_url``); errors propagate (``SessionBudgets`` applies the fail mode)."""
 
@@ -70,7 +70,7 @@ class RedisLedger:
         self._settle = client.register_script(SETTLE_LUA)
 
     @classmethod
-    def from_url(cls, url: str, timeout_s: float, **kwargs: Any) -> RedisLedger:
+    def from_url(cls, url: str, timeout_s: float, **kwargs: Any) -> RedisBudgetLedger:
         """A ledger store on a new client for ``url`` with ``timeout_s`` socket timeouts."""
         from gateway.common.redis_client import redis_client
 
@@ -83,17 +83,17 @@ class RedisLedger:
         return [base, base + ":holds"]
 
     async def reserve(self, ledger_id: str, budget_usd: float, estimate_usd: float,
-                      request_id: str) -> tuple[bool, LedgerState]:
+                      request_id: str) -> tuple[bool, BudgetEntry]:
         res = await self._reserve(keys=self.keys(ledger_id), args=[
             repr(budget_usd), repr(estimate_usd), request_id, self.hold_ttl_ms,
             self.session_ttl_s])
-        return bool(int(res[0])), LedgerState(budget_usd, _num(res[1]), _num(res[2]))
+        return bool(int(res[0])), BudgetEntry(budget_usd, _num(res[1]), _num(res[2]))
 
     async def settle(self, ledger_id: str, request_id: str, actual_usd: float) -> None:
         await self._settle(keys=self.keys(ledger_id),
                            args=[request_id, repr(actual_usd), self.session_ttl_s])
 
-    async def read(self, ledger_id: str) -> LedgerState | None:
+    async def read(self, ledger_id: str) -> BudgetEntry | None:
         main, holds_key = self.keys(ledger_id)
         h = await self.client.hgetall(main)
         if not h:
@@ -107,7 +107,7 @@ class RedisLedger:
             usd, _, exp = (v.decode() if isinstance(v, bytes) else v).partition(":")
             if exp.isdigit() and int(exp) > now_ms:
                 reserved += float(usd)
-        return LedgerState(vals.get("budget_usd", 0.0), vals.get("spent_usd", 0.0), reserved)
+        return BudgetEntry(vals.get("budget_usd", 0.0), vals.get("spent_usd", 0.0), reserved)
 
     async def close(self) -> None:
         await self.client.aclose()

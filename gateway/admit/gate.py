@@ -42,7 +42,7 @@ from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
 from gateway.plan.tiers import TierRequest
 from gateway.protocols.base import Protocol
-from gateway.relay.body import ParsedBody
+from gateway.protocols.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import count_prompt_async
 

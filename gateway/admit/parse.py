@@ -23,7 +23,7 @@ from gateway.admit.body_schema import check_body_schema
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.params import check_sampling_params
 from gateway.protocols.base import Protocol
-from gateway.relay.body import ParsedBody
+from gateway.protocols.body import ParsedBody
 
 #: Bodies at least this large (bytes) are parsed off the event loop (module docstring).
 OFFLOAD_PARSE_BYTES = 256 * 1024

@@ -36,7 +36,7 @@ WINDOW_S = 60.0  # limits are per minute
 
 
 @dataclass(slots=True)
-class Decision:
+class LimitDecision:
     """The outcome of a check-and-reserve. ``exceeded``: ``requests`` | ``tokens`` |
     ``concurrent`` | None (admitted). Levels are what the buckets hold after the decision
     (None: no such limit); ``retry_after_s``: when the denied reservation could succeed."""
@@ -87,7 +87,7 @@ class RateLimited(GatewayError):
     type = "requests"
     code = "rate_limit_exceeded"
 
-    def __init__(self, key_id: str, d: Decision) -> None:
+    def __init__(self, key_id: str, d: LimitDecision) -> None:
         lim = d.limits
         if d.exceeded == "tokens":
             if d.need_tokens > lim.tokens_per_min:
@@ -137,7 +137,7 @@ class Reservation:
 class Limiter(Protocol):
     async def reserve(
         self, key_id: str, limits: KeyLimits, tokens: int
-    ) -> tuple[Decision, Reservation | None]:
+    ) -> tuple[LimitDecision, Reservation | None]:
         """Check all limits of ``key_id`` and reserve 1 request, ``tokens`` tokens and a slot
         when every limit allows it (then the reservation is returned), else nothing."""
 
@@ -170,9 +170,9 @@ class MemoryLimiter:
 
     async def reserve(
         self, key_id: str, limits: KeyLimits, tokens: int
-    ) -> tuple[Decision, Reservation | None]:
+    ) -> tuple[LimitDecision, Reservation | None]:
         now = self.clock()
-        d = Decision(limits, need_tokens=tokens)
+        d = LimitDecision(limits, need_tokens=tokens)
         rcap, tcap, ccap = limits.requests_per_min, limits.tokens_per_min, limits.concurrent
         rl = self._level((key_id, "r"), rcap, now) if rcap else None
         tl = self._level((key_id, "t"), tcap, now) if tcap else None

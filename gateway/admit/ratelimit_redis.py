@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from gateway.admit.ratelimit import (
-    Decision,
+    LimitDecision,
     LimiterUnavailable,
     MemoryLimiter,
     Reservation,
@@ -134,7 +134,7 @@ class RedisLimiter:
 
     async def reserve(
         self, key_id: str, limits: KeyLimits, tokens: int
-    ) -> tuple[Decision, Reservation | None]:
+    ) -> tuple[LimitDecision, Reservation | None]:
         if self.breaker.allow():
             lease = uuid.uuid4().hex
             args = [limits.requests_per_min, limits.tokens_per_min, limits.concurrent, tokens,
@@ -159,10 +159,10 @@ class RedisLimiter:
 
     def _decision(
         self, key_id: str, limits: KeyLimits, tokens: int, lease: str, res: list[Any]
-    ) -> tuple[Decision, Reservation | None]:
+    ) -> tuple[LimitDecision, Reservation | None]:
         exceeded = res[0].decode() if isinstance(res[0], bytes) else str(res[0])
         rl, tl, wait = (float(x) for x in res[1:4])
-        d = Decision(
+        d = LimitDecision(
             limits,
             exceeded=exceeded or None,
             requests_level=rl if limits.requests_per_min else None,

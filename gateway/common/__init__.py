@@ -6,6 +6,8 @@
 - ``redis_conn``: ``RedisConnection``, the one Redis client and breaker every Redis user shares;
 - ``ids``: ``bounded_id`` (a long client-supplied id kept as a fixed-size digest);
 - ``urls``: ``redact_url`` (credentials out of URLs before they reach a log or a label);
+- ``sse``: the SSE wire format, ``SSEParser`` (whole events from a byte stream) and
+  ``encode_event``;
 - ``usage``: ``Usage``, a request's token counts (the value type the relay, the access log, cost
   and the usage store share).
 """

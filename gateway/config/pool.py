@@ -95,7 +95,7 @@ class ResumeConfig(_Strict):
 
 class OutlierConfig(_Strict):
     """Passive outlier ejection (Envoy's ``outlier_detection``): see
-    ``gateway.upstream.outlier``."""
+    ``gateway.fleet.outlier``."""
 
     enabled: bool = True
     consecutive_failures: int = Field(5, ge=1, description="Envoy's consecutive_5xx default")

@@ -1,7 +1,7 @@
 """Recent rates from the engines' cumulative counters: prefix-cache hit rate and speculative
 decoding acceptance per replica, over about the last minute.
 
-The routing load scraper (``gateway.routing.load``) already reads every replica's
+The routing load scraper (``gateway.upstream.load_scraper``) already reads every replica's
 ``/metrics`` each ``load_scrape_interval_s`` and stores the counters on the ``Replica``; no
 second scrape is made here. ``EngineRates.sample`` (called when the console's state is built)
 keeps, per replica, the counter values of scrapes at least ``min_gap_s`` apart, for at most
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 
 #: Seconds of history a rate covers (about a minute, like the console's "now").
 SPAN_S = 60.0

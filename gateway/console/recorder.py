@@ -1,6 +1,6 @@
 """The console's live windows, fed once per finished request from the accounting step.
 
-``ConsoleRecorder.observe(rec)`` (``gateway.telemetry.accounting``) files one request, in O(1)
+``ConsoleRecorder.observe(rec)`` (``gateway.account``) files one request, in O(1)
 and without any text of it, into rings of ``step_s`` buckets covering ``window_s`` seconds
 (``gateway.console.window``):
 

@@ -4,7 +4,7 @@
   charts drawn as SVG by the page; no external asset, so it works offline). It holds no data
   and is served without a key; a ``Content-Security-Policy`` allows only its own inline script
   and style (by hash) and requests to this origin.
-- ``GET /v1/console/state``: the JSON it polls (``gateway.console.state``). With auth on it
+- ``GET /v1/console/state``: the JSON it polls (``gateway.console.snapshot``). With auth on it
   needs an admin API key (``Authorization: Bearer``; the page asks for it once and keeps it in
   the tab's ``sessionStorage``, never in a URL): 401 without a valid key, 403
   ``admin_required`` for a non-admin key. ``?window_s=`` narrows the summary figures. A
@@ -32,7 +32,7 @@ from starlette.responses import RedirectResponse, Response
 from gateway.admit.audit import client_addr
 from gateway.admit.auth import PermissionDenied
 from gateway.admit.gate import Gate
-from gateway.console.state import ConsoleSources, build_state
+from gateway.console.snapshot import ConsoleSources, build_state
 from gateway.errors import GatewayError
 
 PAGE = "console.html"
@@ -101,7 +101,7 @@ def install_console(app: FastAPI, sources: ConsoleSources, gate: Gate) -> None:
 
     @app.get("/v1/console/state")
     async def console_state(request: Request, window_s: str | None = None) -> Response:
-        """The console's live state (see ``gateway.console.state``); admin key when auth
+        """The console's live state (see ``gateway.console.snapshot``); admin key when auth
         is on."""
         caller = None
         try:

@@ -23,20 +23,20 @@ import uuid
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from gateway.admit.control import Ticket
-from gateway.admit.flow.control import BYTES_PER_TOKEN
+from gateway.admit.admission import Ticket
+from gateway.admit.flow.flow_control import BYTES_PER_TOKEN
 from gateway.admit.flow.refusal import QueueRefused
 from gateway.admit.ratelimit import Reservation
 from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, NoHealthyReplica
+from gateway.fleet.pools import Pool, Replica
 from gateway.picker.runtime import PickerRuntime
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import Plan, plan_request
 from gateway.protocols.base import Protocol
-from gateway.relay.body import ParsedBody
+from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_least_inflight, pick_replica
-from gateway.routing.pools import Pool, Replica
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.record import RequestRecord
 

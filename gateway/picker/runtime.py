@@ -13,18 +13,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from gateway.admit.control import AdmissionControl, build_admission
+from gateway.admit.admission import AdmissionControl, build_admission
 from gateway.admit.gate import Gate
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
+from gateway.fleet.pools import PoolRegistry
 from gateway.picker.kube import KubePods
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
-from gateway.routing.pools import PoolRegistry
 from gateway.routing.service import RoutingService
 from gateway.upstream.client import Upstream
 from gateway.upstream.discovery import DnsDiscovery
 from gateway.upstream.health import HealthChecker
+from gateway.upstream.load_scraper import LoadScraper
 
 log = logging.getLogger("speedgate.picker")
 
@@ -44,6 +45,7 @@ class PickerRuntime:
     upstream: Upstream | None = None
     health: HealthChecker | None = None
     routing: RoutingService | None = None
+    scraper: LoadScraper | None = None
     discoveries: list[DnsDiscovery] = field(default_factory=list)
     pod_watches: list[KubePods] = field(default_factory=list)
     ready: bool = False
@@ -88,7 +90,8 @@ class PickerRuntime:
         first list: not ready before), probes, routing and the auto tier."""
         self.upstream = upstream = Upstream(self.config.upstream)
         self.health = HealthChecker(self.config.health, self.pools, upstream)
-        self.routing = RoutingService(self.config, self.pools, upstream, redis=self.redis)
+        self.routing = RoutingService(self.config, self.pools, redis=self.redis)
+        self.scraper = LoadScraper(self.pools, upstream)  # engine load: routing and auto read it
         for pool in self.pools.all():
             d = pool.config.discovery
             if d is not None:
@@ -104,6 +107,7 @@ class PickerRuntime:
             await watch.synced.wait()
         self.health.start()
         self.routing.start()
+        self.scraper.start()
         self.auto.start()
         self.ready = True
 
@@ -112,6 +116,8 @@ class PickerRuntime:
         shutdown path: each part is stopped once)."""
         self.ready = False
         await self.auto.stop()
+        if self.scraper is not None:
+            await self.scraper.stop()
         if self.routing is not None:
             await self.routing.stop()
         for disc in self.discoveries:

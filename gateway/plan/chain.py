@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import Tier
+from gateway.fleet.pools import Pool, PoolRegistry
 from gateway.plan.tiers import TierRequest
-from gateway.routing.pools import Pool, PoolRegistry
 
 if TYPE_CHECKING:
     from gateway.plan.auto.service import AutoChoice
@@ -29,7 +29,7 @@ class Plan:
     ``route``: the request's routing keys, computed once (``gateway.routing.RouteRequest``);
     ``auto``: the live-estimate decision behind an ``auto`` plan (None: the structural rules).
     ``engine_priority``: vLLM's ``priority`` field for pools whose engines run priority
-    scheduling (the request's band, 0 = highest; ``gateway.admit.control``)."""
+    scheduling (the request's band, 0 = highest; ``gateway.admit.admission``)."""
 
     request: TierRequest
     chain: list[Pool] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """Client APIs as protocol adapters (DESIGN §11): one module per API, one request path for all.
 
-The handler (``gateway.handler.Endpoint``) runs every API through the same steps (admit, plan,
+The handler (``gateway.handler.ApiRoute``) runs every API through the same steps (admit, plan,
 attempt, relay, account); what differs between APIs is asked of a ``Protocol``
 (``base.Protocol``): how to read and validate the body (model, stream flag, the conversation in
 chat shape for routing keys and token estimates, the output cap, the ``service_tier`` hint),
@@ -13,6 +13,9 @@ Public surface:
 - ``base``: ``Protocol``, ``StreamCodec`` and its verdicts (``SKIP``, ``FRAME``, ``CONTENT``,
   ``DONE``, ``ERROR``), ``HEAD_FRAME`` / ``HEAD_CONTENT`` / ``HEAD_ERROR``, ``Rewrite``,
   ``Exchange`` (per-request protocol state) and ``named_event``;
+- ``body``: ``ParsedBody`` (the fields the gateway reads, the chat-shaped ``conversation``),
+  the chat/completions ``parse_body`` and ``upstream_body`` (the client's bytes with ``model``
+  and usage options spliced in, never re-serialised) and ``splice_model``;
 - ``errors``: the OpenAI and Anthropic error shapes (``OPENAI_ERRORS``, ``ANTHROPIC_ERRORS``);
 - ``openai_chat``: ``ChatProtocol`` (``/v1/chat/completions``), ``CompletionsProtocol``
   (``/v1/completions``) and their stream codec ``OpenAIStream`` with ``ChunkRewriter``;

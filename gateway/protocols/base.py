@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
+from gateway.common.sse import SSEEvent, encode_event
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError
 from gateway.plan.tiers import TIER_TO_SERVICE_TIER
-from gateway.relay.body import ParsedBody
-from gateway.relay.sse import SSEEvent, encode_event
+from gateway.protocols.body import ParsedBody
 
 if TYPE_CHECKING:
     from gateway.protocols.errors import ErrorShape

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.common.sse import encode_event
 from gateway.errors import SHOULD_RETRY, GatewayError, should_retry
-from gateway.relay.sse import encode_event
 
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.errors import (
     OVERLOADED_TYPE,
@@ -57,9 +58,8 @@ from gateway.protocols.base import (
     json_object,
     named_event,
 )
+from gateway.protocols.body import ParsedBody, splice_model
 from gateway.protocols.errors import ANTHROPIC_ERRORS, ErrorShape
-from gateway.relay.body import ParsedBody, splice_model
-from gateway.relay.sse import SSEEvent
 
 ANTHROPIC_SERVICE_TIERS: dict[str, str | None] = {"standard_only": "default", "auto": None}
 _ROLES = ("user", "assistant", "system")

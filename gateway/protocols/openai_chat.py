@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from gateway.common.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import (
@@ -34,12 +35,11 @@ from gateway.protocols.base import (
     StreamCodec,
     json_object,
 )
+from gateway.protocols.body import ParsedBody, parse_body, upstream_body
 from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
 from gateway.protocols.openai_assemble import AssemblyCodec, assemble
 from gateway.protocols.openai_resume import continuation_body, resume_point
 from gateway.protocols.openai_splice import OpenAISplice, stream_ending
-from gateway.relay.body import ParsedBody, parse_body, upstream_body
-from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.telemetry.tokencount import completion_text, response_text
 
 _MISSING = object()

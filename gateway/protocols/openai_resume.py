@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 
 from gateway.protocols.base import ResumePoint
+from gateway.protocols.body import ParsedBody
 from gateway.protocols.openai_splice import delta_reasoning
-from gateway.relay.body import ParsedBody
 from gateway.telemetry.tokencount import count_text
 
 

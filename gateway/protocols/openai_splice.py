@@ -9,10 +9,10 @@ from typing import Any
 
 import orjson
 
+from gateway.common.sse import DONE_EVENT, SSEEvent, encode_event
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec
-from gateway.relay.sse import DONE_EVENT, SSEEvent, encode_event
 
 # what a chat delta may carry besides ``role``: a chunk with none of it (and no finish reason,
 # logprobs or usage) is the continuation's opening role chunk, which the client already had

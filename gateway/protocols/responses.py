@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError
 from gateway.protocols.base import (
@@ -48,6 +49,7 @@ from gateway.protocols.base import (
     json_object,
     named_event,
 )
+from gateway.protocols.body import ParsedBody, splice_model
 from gateway.protocols.errors import RESPONSES_ERRORS, ErrorShape
 from gateway.protocols.response_store import ResponseStore
 from gateway.protocols.responses_items import (
@@ -58,8 +60,6 @@ from gateway.protocols.responses_items import (
     output_items_text,
 )
 from gateway.protocols.responses_state import ResponsesState, Turn
-from gateway.relay.body import ParsedBody, splice_model
-from gateway.relay.sse import SSEEvent
 from gateway.telemetry.record import RequestRecord
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})

@@ -30,12 +30,12 @@ from typing import Any
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.protocols.base import Running
+from gateway.protocols.body import ParsedBody
 from gateway.protocols.response_ids import is_response_id
 from gateway.protocols.response_store import ResponseStore, StoreUnavailable
 from gateway.protocols.responses_cancel import CancelBus
 from gateway.protocols.responses_input_list import listed_item
 from gateway.protocols.responses_items import chat_view
-from gateway.relay.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
 
 log = logging.getLogger("speedgate.responses")

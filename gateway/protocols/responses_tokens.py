@@ -25,8 +25,8 @@ import orjson
 from gateway.common.usage import Usage
 from gateway.errors import UpstreamError
 from gateway.protocols.base import Rewrite, Running
+from gateway.protocols.body import ParsedBody
 from gateway.protocols.responses import ResponsesProtocol
-from gateway.relay.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
 
 

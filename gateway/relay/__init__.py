@@ -1,9 +1,6 @@
-"""The request body on its way in and the engine's answer on its way out, for any protocol.
+"""The engine's answer on its way out to the client, for any protocol (the request body is
+``gateway.protocols.body``'s, the SSE wire format ``gateway.common.sse``'s).
 
-- ``body``: ``ParsedBody`` (the fields the gateway reads, the chat-shaped ``conversation``),
-  the chat/completions ``parse_body`` and ``upstream_body`` (the client's bytes with ``model``
-  and usage options spliced in, never re-serialised) and ``splice_model``;
-- ``sse``: ``SSEParser`` (whole events from a byte stream) and ``encode_event``;
 - ``stream``: ``relay_events`` (event by event, unbuffered, each event rewritten and classified
   by the protocol's ``StreamCodec``, see ``gateway.protocols``), ``StreamResult`` and
   ``SSE_HEADERS``;

@@ -23,9 +23,8 @@ from gateway.common.usage import Usage
 from gateway.errors import GatewayError
 from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol, Rewrite
-from gateway.relay.body import ParsedBody
+from gateway.protocols.body import ParsedBody
 from gateway.relay.resume import relay_resumable
-from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import estimate_usage
 from gateway.telemetry.tracing import RequestTrace
@@ -33,6 +32,7 @@ from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.client import forget_traceback
 from gateway.upstream.continuation import Resumption
 from gateway.upstream.deadline import ClientTimeouts
+from gateway.upstream.deps import StepDeps
 from gateway.upstream.failover import open_with_failover
 
 log = logging.getLogger("speedgate.resume")
@@ -44,7 +44,7 @@ NOT_RETRIED = frozenset({"total-timeout", "unreadable"})
 
 
 async def assemble_json(
-    state: GatewayState,
+    state: StepDeps,
     plan: Plan,
     attempts: list[OpenedResponse],
     body: ParsedBody,
@@ -71,7 +71,7 @@ async def assemble_json(
 
 
 async def _assemble(
-    state: GatewayState,
+    state: StepDeps,
     plan: Plan,
     attempts: list[OpenedResponse],
     body: ParsedBody,

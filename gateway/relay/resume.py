@@ -29,14 +29,14 @@ from typing import Any
 from gateway.common.usage import Usage
 from gateway.errors import UpstreamTimeout
 from gateway.protocols.base import Protocol, ResumePoint, StreamCodec
-from gateway.relay.body import ParsedBody
+from gateway.protocols.body import ParsedBody
 from gateway.relay.stream import StreamResult, relay_events
-from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import count_text, estimate_usage
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.continuation import Resumption, open_continuation
+from gateway.upstream.deps import StepDeps
 
 log = logging.getLogger("speedgate.resume")
 
@@ -49,7 +49,7 @@ NOT_THE_REPLICAS = NOT_RESUMABLE | {"diverged"}
 
 async def relay_resumable(
     send: Any,
-    state: GatewayState,
+    state: StepDeps,
     res: Resumption,
     attempts: list[OpenedResponse],
     codec: StreamCodec,
@@ -153,7 +153,7 @@ async def relay_resumable(
 
 
 async def _end_complete(
-    state: GatewayState,
+    state: StepDeps,
     codec: StreamCodec,
     body: ParsedBody,
     protocol: Protocol,
@@ -203,7 +203,7 @@ def _refusal(cfg: Any, reason: str, resumes: int) -> str | None:
     return None
 
 
-def _note_break(state: GatewayState, opened: OpenedResponse, result: StreamResult) -> None:
+def _note_break(state: StepDeps, opened: OpenedResponse, result: StreamResult) -> None:
     """The broken attempt's span and metrics, and its replica's failure (outlier ejection)
     unless the break is not the replica's doing (the request's deadline, an unreadable
     event)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.common.moving_deadline import MovingDeadline
+from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.errors import (
     GatewayError,
@@ -25,7 +26,6 @@ from gateway.errors import (
     is_client_fault,
 )
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, StreamCodec, json_object
-from gateway.relay.sse import SSEEvent
 from gateway.telemetry.histograms import GapTimer
 from gateway.upstream.client import UpstreamBrokenError, UpstreamUnreadable
 

@@ -1,21 +1,22 @@
 """Replica choice within a pool (DESIGN §5-6): filters → weighted scorers → picker.
 
 - ``keys``: session key and prefix block chain of a request (no tokenizer);
-- ``filters``: not-yet-tried, bounded load, overloaded; ``ledger``: active sessions per
+- ``filters``: not-yet-tried, bounded load, overloaded; ``session_ledger``: active sessions per
   replica; ``scorers/``: one file per scorer, each in [0, 1]; ``picker``: best weighted
   score or round robin; ``pipeline``: one pool's router;
 - ``store``: session and prefix bindings, in memory or Redis; ``table``: the bounded LRU+TTL
-  table; ``hashring``: rendezvous order; ``load``: load signals and the ``/metrics`` scraper;
-- ``service``: builds it all in the app's lifespan (store, breaker, scraper, metrics).
+  table; ``hashring``: rendezvous order (the load signals are the fleet's,
+  ``gateway.fleet.pools.replica_load``, scraped by ``gateway.upstream.load_scraper``);
+- ``service``: builds it all in the app's lifespan (store, breaker, metrics).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from gateway.fleet.pools import Pool, Replica
 from gateway.routing.keys import RouteRequest
 from gateway.routing.least_inflight import pick_least_inflight
-from gateway.routing.pools import Pool, Replica
 
 
 async def pick_replica(

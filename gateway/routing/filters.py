@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 
 
 def not_tried(candidates: Sequence[Replica], exclude: Collection[Replica]) -> list[Replica]:
@@ -43,7 +43,7 @@ def under_bound(
 def overloaded(
     candidates: Sequence[Replica], loads: Mapping[Replica, int], c: float, floor: int
 ) -> set[Replica]:
-    """Candidates whose request load (``load.replica_load``) is over ``max(floor, c × mean)``:
+    """Candidates whose request load (``replica_load``) is over ``max(floor, c × mean)``:
     a queue, not a burst. An engine batches hundreds of sequences, so a few more requests cost
     a bound session far less than prefilling its whole conversation again elsewhere; only a
     replica this far past its share (slowed down, or handed a flood) is worth leaving.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 
 
 def _weight(key: str, name: str) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Sequence
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 
 
 def pick_least_inflight(

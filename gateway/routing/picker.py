@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 from gateway.routing.scorers import SCORERS, ScoreContext
 
 

@@ -23,9 +23,10 @@ For each attempt, candidates are the pool's usable replicas not tried yet. With 
 2. **(Re)bind.** A new session, or one whose replica is gone, tried, overloaded or shedding, is
    bound
    under the bounded-load rule (Mirrokni, Thorup, Zadimoghaddam 2018) with **active sessions**
-   as the load (``ledger``; shared by every gateway replica through Redis when the state store
-   is Redis, ``ledger_redis``): no replica that would then hold more than ``ceil(c × (S + 1) /
-   n)`` sessions, c = ``bounded_load_c``; overloaded replicas are skipped too. Among the rest
+   as the load (``session_ledger``; shared by every gateway replica through Redis when the
+   state store is Redis, ``session_ledger_redis``): no replica that would then hold more than
+   ``ceil(c × (S + 1) / n)`` sessions, c = ``bounded_load_c``; overloaded replicas are skipped
+   too. Among the rest
    the weighted scorers pick: ``prefix`` favours the replica holding the longest (even partial)
    prefix of the conversation, ``load`` the one with fewest requests and sessions, ``hash``
    breaks ties along the session's consistent-hash order.
@@ -45,15 +46,14 @@ import time
 from collections import Counter
 from collections.abc import Collection, Sequence
 
+from gateway.fleet.pools import Pool, Replica, replica_load
 from gateway.routing.filters import not_tried, over_share, overloaded, under_bound
 from gateway.routing.hashring import hash_order
 from gateway.routing.keys import RouteRequest, sampled_indices
-from gateway.routing.ledger import SessionLedger
-from gateway.routing.ledger_redis import RedisSessionLedger
-from gateway.routing.load import replica_load
 from gateway.routing.picker import RoundRobin, pick_best, weighted_scores
-from gateway.routing.pools import Pool, Replica
 from gateway.routing.scorers import ScoreContext
+from gateway.routing.session_ledger import SessionLedger
+from gateway.routing.session_ledger_redis import RedisSessionLedger
 from gateway.routing.store import Lookup, RoutingStore
 
 MAX_RECORDED_BLOCKS = 1024  # state-store writes per request at most

@@ -1,7 +1,7 @@
 """The routing service of one gateway process: state store (memory, or Redis through the
-gateway's shared ``RedisConnection`` and its circuit breaker), one ``PoolRouter`` per pool, the
-``/metrics`` load scraper, a Redis watcher that notices recovery while idle, and the routing
-metrics. Started and stopped by the app's lifespan.
+gateway's shared ``RedisConnection`` and its circuit breaker), one ``PoolRouter`` per pool, a
+Redis watcher that notices recovery while idle, and the routing metrics. Started and stopped by
+the app's lifespan (the engine load it routes on is scraped by ``gateway.upstream.load_scraper``).
 
 Metrics (no session ids as labels): ``speedgate_state_store_degraded`` (1 while Redis is down,
 whichever of its users noticed: routing then runs on consistent hashing),
@@ -26,12 +26,10 @@ from prometheus_client.registry import Collector
 from gateway.common.breaker import CircuitBreaker
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
-from gateway.routing.ledger_redis import RedisSessionLedger
-from gateway.routing.load import LoadScraper
+from gateway.fleet.pools import PoolRegistry
 from gateway.routing.pipeline import PoolRouter
-from gateway.routing.pools import PoolRegistry
+from gateway.routing.session_ledger_redis import RedisSessionLedger
 from gateway.routing.store import MemoryRoutingStore, RedisRoutingStore
-from gateway.upstream.client import Upstream
 
 
 class RoutingService:
@@ -44,7 +42,6 @@ class RoutingService:
         self,
         config: GatewayConfig,
         pools: PoolRegistry,
-        upstream: Upstream,
         redis: RedisConnection | None = None,
     ) -> None:
         st = config.state
@@ -75,7 +72,6 @@ class RoutingService:
                     prefix=st.routing_key_prefix, timeout_s=redis.timeout_s,
                 )
             pool.router = router
-        self.scraper = LoadScraper(pools, upstream)
         self._watch: asyncio.Task[None] | None = None
 
     @property
@@ -84,8 +80,7 @@ class RoutingService:
         return self.store.degraded
 
     def start(self) -> None:
-        """Start the load scraper and, with Redis, the recovery watcher."""
-        self.scraper.start()
+        """With Redis, start the recovery watcher."""
         if isinstance(self.store, RedisRoutingStore):
             self._watch = asyncio.get_running_loop().create_task(self._watch_redis())
 
@@ -97,7 +92,6 @@ class RoutingService:
 
     async def stop(self) -> None:
         """Stop the tasks, flush pending writes, close the store."""
-        await self.scraper.stop()
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):

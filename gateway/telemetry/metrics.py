@@ -61,7 +61,7 @@ from gateway.telemetry.histograms import (
 )
 
 if TYPE_CHECKING:
-    from gateway.routing.pools import Pool, PoolRegistry
+    from gateway.fleet.pools import Pool, PoolRegistry
     from gateway.telemetry.record import RequestRecord
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -9,8 +9,10 @@
   stream broken mid-way (same pool, then the fallback chain; never a replica that failed);
   ``tokenize``: ``engine_token_count``, the engine's count of the text it carries (vLLM's
   ``/tokenize``), which its output limit is shrunk by;
-- ``retry``: backoff with full jitter and ``RetryBudget``; ``outlier``: passive ejection;
-  ``deadline``: the request's total deadline from the client's headers;
-- ``health``: ``HealthChecker``, active ``/health`` probes; ``discovery``: ``DnsDiscovery``,
-  replicas from DNS (a Kubernetes headless Service).
+- ``retry``: backoff with full jitter (the retry budget and outlier state are the fleet's,
+  ``gateway.fleet``); ``deadline``: the request's total deadline from the client's headers;
+- ``deps``: ``StepDeps``, what these steps read from the gateway's state;
+- engine polling: ``health``: ``HealthChecker``, active ``/health`` probes; ``load_scraper``:
+  ``LoadScraper``, each replica's ``/metrics`` (queue, KV usage, spec-decode counters);
+  ``discovery``: ``DnsDiscovery``, replicas from DNS (a Kubernetes headless Service).
 """

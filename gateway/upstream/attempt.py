@@ -20,6 +20,7 @@ from email.utils import parsedate_to_datetime
 
 import orjson
 
+from gateway.common.sse import SSEEvent
 from gateway.errors import (
     GatewayError,
     UnreadableResponse,
@@ -29,9 +30,8 @@ from gateway.errors import (
     is_client_fault,
     parse_engine_error,
 )
+from gateway.fleet.pools import Pool, Replica
 from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_FRAME, HEAD_MALFORMED, Protocol
-from gateway.relay.sse import SSEEvent
-from gateway.routing.pools import Pool, Replica
 from gateway.telemetry.tracing import AttemptTrace
 from gateway.upstream.client import (
     MAX_ERROR_BODY_BYTES,

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
+from gateway.common.sse import EventTooLarge, SSEEvent, SSEParser
 from gateway.config import UpstreamConfig
-from gateway.relay.sse import EventTooLarge, SSEEvent, SSEParser
 from gateway.upstream.encoding import ACCEPT_ENCODING, Decoder, UndecodableResponse, decoder_for
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
@@ -140,9 +140,26 @@ def forget_traceback(exc: BaseException) -> None:
 
 
 class Upstream:
-    """Pooled aiohttp session to all replicas. Create inside the running loop; ``close()``."""
+    """Pooled aiohttp session to all replicas; ``close()`` it.
+
+    aiohttp binds its session to the running event loop: built inside one (a test, a tool) the
+    session opens at once; built before the server's loop runs (``create_app``), it opens in the
+    app's lifespan with ``open()``. ``post``/``get`` before it is open raise ``RuntimeError``."""
 
     def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self._session: aiohttp.ClientSession | None = None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: the lifespan opens it
+        self.open()
+
+    def open(self) -> None:
+        """Create the pooled session in the running loop (no-op when it is open already)."""
+        if self._session is not None:
+            return
+        config = self.config
         connector = aiohttp.TCPConnector(
             limit=config.max_connections,
             limit_per_host=0,
@@ -159,6 +176,13 @@ class Upstream:
             timeout=aiohttp.ClientTimeout(total=None),
         )
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The open session; ``RuntimeError`` before ``open()``."""
+        if self._session is None:
+            raise RuntimeError("Upstream.open() was not called (no running loop at creation)")
+        return self._session
+
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str], connect_timeout_s: float
     ) -> UpstreamResponse:
@@ -172,7 +196,7 @@ class Upstream:
             total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s
         )
         try:
-            resp = await self._session.post(
+            resp = await self.session.post(
                 url, data=body, headers=headers, timeout=timeout, allow_redirects=False
             )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
@@ -187,7 +211,7 @@ class Upstream:
         """GET ``url`` with an overall timeout; returns (status, decoded body; empty when its
         coding cannot be decoded: the status still answers a probe). Raises like ``post``."""
         try:
-            async with self._session.get(
+            async with self.session.get(
                 url, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
                 try:
@@ -200,8 +224,9 @@ class Upstream:
             raise UpstreamConnectError(_describe(e)) from None
 
     async def close(self) -> None:
-        """Close every pooled connection."""
-        await self._session.close()
+        """Close every pooled connection (no-op when it was never opened)."""
+        if self._session is not None:
+            await self._session.close()
 
 
 def _describe(e: BaseException) -> str:

@@ -14,15 +14,15 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gateway.errors import EngineClientError, UnreadableResponse, UpstreamTimeout
+from gateway.fleet.pools import Pool, Replica, wait_for_slot
 from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol, ResumePoint
-from gateway.relay.body import ParsedBody
+from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
-from gateway.routing.pools import Pool, Replica, wait_for_slot
-from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
+from gateway.upstream.deps import StepDeps
 from gateway.upstream.retry import full_jitter_backoff_s
 from gateway.upstream.tokenize import TOKENIZE_TIMEOUT_S, engine_token_count
 
@@ -44,7 +44,7 @@ class Resumption:
 
 
 async def open_continuation(
-    state: GatewayState,
+    state: StepDeps,
     res: Resumption,
     broken: Pool,
     body: ParsedBody,
@@ -112,7 +112,7 @@ async def open_continuation(
 
 
 async def _try_pool(
-    state: GatewayState,
+    state: StepDeps,
     res: Resumption,
     pool: Pool,
     payload: bytes,
@@ -178,7 +178,7 @@ async def _try_pool(
 
 
 async def _carried_tokens(
-    state: GatewayState, res: Resumption, pools: list[Pool], point: ResumePoint, until: float
+    state: StepDeps, res: Resumption, pools: list[Pool], point: ResumePoint, until: float
 ) -> int | None:
     """The engine's count of the text the continuation carries (``engine_token_count``),
     asked of the first usable replica that has not failed this request, for at most

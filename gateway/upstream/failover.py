@@ -20,14 +20,13 @@ from gateway.errors import (
     UnreadableResponse,
     UpstreamTimeout,
 )
+from gateway.fleet.pools import Pool, Replica
 from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol
-from gateway.relay.body import ParsedBody
+from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
-from gateway.routing.pools import Pool, Replica
-from gateway.state import GatewayState
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tracing import RequestTrace
+from gateway.telemetry.tracing import AttemptTrace, RequestTrace
 from gateway.upstream.attempt import (
     STREAM_4XX,
     Attempt,
@@ -36,11 +35,12 @@ from gateway.upstream.attempt import (
     open_attempt,
 )
 from gateway.upstream.deadline import ClientTimeouts, total_timeout_s
-from gateway.upstream.retry import full_jitter_backoff_s
+from gateway.upstream.deps import StepDeps
+from gateway.upstream.retry import PoolHistory, RetryCause, Stop, StopReason, next_attempt
 
 
 async def open_with_failover(
-    state: GatewayState,
+    state: StepDeps,
     plan: Plan,
     body: ParsedBody,
     protocol: Protocol,
@@ -92,7 +92,7 @@ async def open_with_failover(
     metrics = state.metrics
     payloads: dict[tuple[str, int | None], bytes] = {}
     loop = asyncio.get_running_loop()
-    reasons: list[str] = [plan.reason] if plan.reason == "tier-unavailable" else []
+    reasons = [RetryCause(None, plan.reason)] if plan.reason == "tier-unavailable" else []
     rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
     last: GatewayError | None = None
     deadline: float | None = None
@@ -126,39 +126,30 @@ async def open_with_failover(
         pool.budget.record_request(loop.time())
         avoided = [r for r in avoid if r in pool.replicas]
         tried: list[Replica] = []
-        for n in range(pool.config.retry.max_attempts):
+        for _ in range(pool.config.retry.max_attempts):
             usable = pool.usable(loop.time())
-            replica = await pick_replica(pool, route, usable, exclude=[*tried, *avoided])
-            if (replica is None and avoided
+            picked = await pick_replica(pool, route, usable, exclude=[*tried, *avoided])
+            if (picked is None and avoided
                     and not _usable_later(plan.chain, position, avoid, loop.time())):
                 # avoiding is a preference: a later pool's replica first, else better than none
-                replica = await pick_replica(pool, route, usable, exclude=tried)
-            pause = 0.0
-            if replica is None and n > 0 and last_reason != STREAM_4XX:
-                # Every replica tried. A short Retry-After from the last one that fits the
-                # deadline is honoured: wait for it and ask that replica again.
-                replica, pause = _honour_retry_after(last, tried, pool, loop.time(), deadline)
-            if replica is None:
-                reasons.append(f"{pool.tier}:{'replicas-exhausted' if n else 'no-usable-replica'}")
+                picked = await pick_replica(pool, route, usable, exclude=tried)
+            history = PoolHistory(tuple(tried), last_reason or None,
+                                  last.retry_after_s if last is not None else None)
+            step = next_attempt(history, pool, picked, loop.time(), deadline)
+            if isinstance(step, Stop):
+                reasons.append(RetryCause(pool.tier, step.reason))
                 break
-            if n > 0:
-                # a refused connection cost the engine nothing, the diagnosis of a stream-4xx
-                # is once per request: neither spends the budget
-                if (last_reason not in ("connect-error", STREAM_4XX)
-                        and not pool.budget.try_acquire(loop.time())):
-                    reasons.append(f"{pool.tier}:retry-budget-exhausted")
+            replica = step.replica
+            if tried:  # a retry: the budget, the wait, then counted
+                if step.spends_budget and not pool.budget.try_acquire(loop.time()):
+                    reasons.append(RetryCause(pool.tier, StopReason.RETRY_BUDGET_EXHAUSTED))
                     break
-                assert last is not None
-                if not pause and last.retry_after_s is None:
-                    # a Retry-After is that replica's alone: another replica goes at once
-                    pause = full_jitter_backoff_s(n, pool.config.retry)
-                if pause:
-                    if loop.time() + pause >= deadline:
+                if step.wait_s:
+                    if loop.time() + step.wait_s >= deadline:
                         break
-                    await asyncio.sleep(pause)
-                reason = reasons[-1].split(":", 1)[1]
-                rec.retries.append(reason)
-                metrics.record_retry(pool, reason)
+                    await asyncio.sleep(step.wait_s)
+                rec.retries.append(last_reason)
+                metrics.record_retry(pool, last_reason)
             tried.append(replica)
             rec.attempts += 1
             rec.tried_tier, rec.replica = pool.tier, replica.name  # logged even if it never answers
@@ -170,7 +161,7 @@ async def open_with_failover(
                 replica=replica.safe_url,
                 model=served,
                 number=rec.attempts,
-                retry_reason=reasons[-1] if reasons else None,
+                retry_reason=str(reasons[-1]) if reasons else None,
             )
             attempt = Attempt(
                 pool=pool,
@@ -194,7 +185,7 @@ async def open_with_failover(
                     # two replicas failed this body alike: the body's fault, nobody's failure
                     span.end("body-fault", status=f.error.status)
                     metrics.record_attempt(pool, "body-fault")
-                    _note_failure(rec, [*reasons, f"{pool.tier}:{f.reason}"], plan,
+                    _note_failure(rec, [*reasons, RetryCause(pool.tier, f.reason)], plan,
                                   previous_tier)
                     raise f.error from None
                 if body_suspect is not None:  # failed otherwise: the first one counts
@@ -208,25 +199,19 @@ async def open_with_failover(
                     raise f.error from None
                 if f.reason == STREAM_4XX:
                     suspect = (pool, replica)
-                reasons.append(f"{pool.tier}:{f.reason}")
+                reasons.append(RetryCause(pool.tier, f.reason))
                 last, last_reason = f.error, f.reason
-                span.end(f.reason, status=f.error.status)
-                metrics.record_attempt(pool, f.reason)
-                if f.reason == "ttft-timeout":
-                    metrics.record_timeout(pool, "ttft")
-                elif f.reason == "connect-timeout":
-                    metrics.record_timeout(pool, "connect")
-                if f.reason in BODY_SUSPECT_REASONS:
+                if f.reason in BODY_SUSPECT_REASONS:  # counted once another replica answers
                     body_suspect = BodySuspect(pool, replica, f.reason)
-                elif f.replica_fault:
-                    pool.record_failure(replica, loop.time())
+                _note_retryable(state, pool, replica, span, f, loop.time(),
+                                counts=body_suspect is None)
                 continue
             except UpstreamTimeout as e:  # the total deadline: nothing more to try
                 span.end("total-timeout")
                 metrics.record_attempt(pool, "total-timeout")
                 metrics.record_timeout(pool, e.stage)
                 # not the replica's fault: the request's own deadline (a client's may be short)
-                rec.fallback = ",".join(reasons) or None
+                rec.fallback = ",".join(map(str, reasons)) or None
                 raise
             except EngineClientError as e:
                 span.end("client-error", status=e.status)
@@ -249,7 +234,7 @@ async def open_with_failover(
             rec.served_tier = pool.tier
             rec.ttft_s = opened.ttft_s
             if pool is not plan.chain[0] or plan.reason == "tier-unavailable":
-                rec.fallback = ",".join(reasons)
+                rec.fallback = ",".join(map(str, reasons))
             return opened
         if loop.time() >= deadline or last_reason == STREAM_4XX:
             break  # a stream-4xx no other replica of the pool could check: answered as is
@@ -285,33 +270,32 @@ class BodySuspect:
         self.pool.record_failure(self.replica, now)
 
 
-def _note_failure(rec: RequestRecord, reasons: list[str], plan: Plan, tier: str | None) -> None:
+def _note_retryable(
+    state: StepDeps, pool: Pool, replica: Replica, span: AttemptTrace, f: RetryableFailure,
+    now: float, counts: bool = True,
+) -> None:
+    """A retryable failure of ``replica`` at ``now`` (loop seconds): its span ended, the attempt
+    and its timeout stage counted, and outlier detection fed when it was the replica's fault
+    and ``counts`` (False while the body rule holds the count back)."""
+    span.end(f.reason, status=f.error.status)
+    state.metrics.record_attempt(pool, f.reason)
+    if f.reason == "ttft-timeout":
+        state.metrics.record_timeout(pool, "ttft")
+    elif f.reason == "connect-timeout":
+        state.metrics.record_timeout(pool, "connect")
+    if counts and f.replica_fault:
+        pool.record_failure(replica, now)
+
+
+def _note_failure(
+    rec: RequestRecord, reasons: list[RetryCause], plan: Plan, tier: str | None
+) -> None:
     """``rec.fallback`` of a failed failover (``tier`` the last one asked): its ``reasons``,
     unless no tier changed and ``rec.fallback`` already says something (the resume notes of an
     earlier attempt of this request, which a fresh attempt keeps)."""
     moved = tier is not None and tier != plan.chain[0].tier
     if rec.fallback is None or moved or plan.reason == "tier-unavailable":
-        rec.fallback = ",".join(reasons) or None
-
-
-def _honour_retry_after(
-    last: GatewayError | None,
-    tried: list[Replica],
-    pool: Pool,
-    now: float,
-    deadline: float,
-) -> tuple[Replica | None, float]:
-    """``(replica, seconds to wait)`` when the last failure carried a ``Retry-After`` no longer
-    than ``retry.max_retry_after_s`` that ends before the deadline; else ``(None, 0)``."""
-    if last is None or last.retry_after_s is None or not tried:
-        return None, 0.0
-    wait = last.retry_after_s
-    if wait > pool.config.retry.max_retry_after_s or now + wait >= deadline:
-        return None, 0.0
-    replica = tried[-1]
-    if replica not in pool.usable(now + wait):
-        return None, 0.0
-    return replica, max(wait, 0.001)
+        rec.fallback = ",".join(map(str, reasons)) or None
 
 
 def _usable_later(chain: list[Pool], position: int, avoid: Sequence[Replica], now: float) -> bool:

@@ -7,7 +7,7 @@ import logging
 
 from gateway.common.tasks import cancel_and_wait, every
 from gateway.config import HealthConfig
-from gateway.routing.pools import PoolRegistry, Replica
+from gateway.fleet.pools import PoolRegistry, Replica
 from gateway.upstream.client import Upstream, UpstreamConnectError
 
 log = logging.getLogger("speedgate.health")

@@ -1,4 +1,6 @@
-"""Retry policy: backoff with full jitter and a per-pool retry budget. Pure (clock injected).
+"""Retry policy: the next step of a pool's attempts (``next_attempt``: ask a replica, wait, or
+stop, with typed reasons) and backoff with full jitter (the per-pool retry budget is the
+fleet's: ``gateway.fleet.retry_budget``). Pure (clock injected); the I/O is ``failover``'s.
 
 Vocabulary and semantics from Envoy (``retry_on``, retry budgets with ``budget_percent`` and a
 floor like ``min_retry_concurrency``); backoff from "Exponential Backoff And Jitter" (AWS
@@ -8,9 +10,12 @@ Architecture Blog, Brooker 2015): sleep = uniform(0, min(cap, base × 2^attempt)
 from __future__ import annotations
 
 import random
-from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
 
 from gateway.config import RetryConfig
+from gateway.fleet.pools import Pool, Replica
+from gateway.upstream.attempt import STREAM_4XX
 
 
 def full_jitter_backoff_s(
@@ -21,48 +26,101 @@ def full_jitter_backoff_s(
     return (rng or random).uniform(0.0, cap)
 
 
-class RetryBudget:
-    """Retries allowed in a sliding window: at most ``budget_percent`` % of the requests the pool
-    received in the last ``budget_window_s`` seconds, plus ``budget_min_retries`` (the floor
-    that lets a quiet pool still retry). An outage thus adds at most ~20 % load, not 3×.
+class StopReason(StrEnum):
+    """Why a pool's attempts end without an answer (its part of ``rec.fallback``)."""
 
-    ``record_request(now)`` once per request routed to the pool (first attempts and
-    fallbacks); ``try_acquire(now)`` before each retry, True when the retry may go.
+    NO_USABLE_REPLICA = "no-usable-replica"  # nothing to ask at the first attempt
+    REPLICAS_EXHAUSTED = "replicas-exhausted"  # every usable replica tried
+    RETRY_BUDGET_EXHAUSTED = "retry-budget-exhausted"  # the pool's retry budget is spent
+
+
+@dataclass(frozen=True, slots=True)
+class RetryCause:
+    """One step of a request's failover story: ``reason`` (an attempt's failure, e.g.
+    ``ttft-timeout``, or a ``StopReason``) at ``tier`` (None for the plan's own
+    ``tier-unavailable``). ``str()`` is the ``tier:reason`` of ``rec.fallback`` and spans."""
+
+    tier: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason if self.tier is None else f"{self.tier}:{self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolHistory:
+    """What this request's attempts in one pool have seen: ``tried`` replicas in order; the
+    last failure's ``last_reason`` and ``last_retry_after_s`` (seconds, None when the replica
+    sent no ``Retry-After``)."""
+
+    tried: tuple[Replica, ...] = ()
+    last_reason: str | None = None
+    last_retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """Ask ``replica`` after ``wait_s`` seconds (0: at once). ``spends_budget``: a retry the
+    pool's budget must grant first (not a first attempt, a refused connection, or the one
+    stream-4xx diagnosis)."""
+
+    replica: Replica
+    wait_s: float = 0.0
+    spends_budget: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """No further attempt in this pool, for ``reason``."""
+
+    reason: StopReason
+
+
+def next_attempt(
+    history: PoolHistory,
+    pool: Pool,
+    picked: Replica | None,
+    now: float,
+    deadline: float,
+    rng: random.Random | None = None,
+) -> Go | Stop:
+    """The next step of one pool's attempts (pure but for the jitter draw from ``rng``).
+
+    ``picked``: the router's choice among the pool's usable replicas not tried yet (None when
+    there is none); ``now`` and ``deadline``: loop seconds. With every replica tried, a short
+    ``Retry-After`` of the last one that fits the deadline (``retry.max_retry_after_s``) is
+    honoured: wait for it and ask that replica again. A retry on another replica waits a full
+    jitter backoff (``full_jitter_backoff_s``) unless the last one asked for its own wait.
     """
+    n = len(history.tried)
+    replica, wait = picked, 0.0
+    if replica is None and n > 0 and history.last_reason != STREAM_4XX:
+        replica, wait = _honour_retry_after(history, pool, now, deadline)
+    if replica is None:
+        return Stop(StopReason.REPLICAS_EXHAUSTED if n else StopReason.NO_USABLE_REPLICA)
+    if n == 0:
+        return Go(replica)
+    # a refused connection cost the engine nothing, the diagnosis of a stream-4xx is once per
+    # request: neither spends the budget
+    spends = history.last_reason not in ("connect-error", STREAM_4XX)
+    if not wait and history.last_retry_after_s is None:
+        # a Retry-After is that replica's alone: another replica goes at once
+        wait = full_jitter_backoff_s(n, pool.config.retry, rng)
+    return Go(replica, wait, spends)
 
-    __slots__ = ("_config", "_requests", "_retries", "exhausted")
 
-    def __init__(self, config: RetryConfig) -> None:
-        self._config = config
-        self._requests: deque[float] = deque()
-        self._retries: deque[float] = deque()
-        self.exhausted = 0  # retries refused, for metrics
-
-    def _trim(self, now: float) -> None:
-        horizon = now - self._config.budget_window_s
-        for q in (self._requests, self._retries):
-            while q and q[0] < horizon:
-                q.popleft()
-
-    def record_request(self, now: float) -> None:
-        """Count one request routed to this pool at ``now`` (seconds, monotonic)."""
-        self._requests.append(now)
-        if len(self._requests) > 100_000:  # memory bound under extreme rates
-            self._trim(now)
-
-    def allowed(self, now: float) -> int:
-        """How many retries the window allows in total right now."""
-        self._trim(now)
-        pct = self._config.budget_percent / 100.0
-        return int(len(self._requests) * pct) + self._config.budget_min_retries
-
-    def try_acquire(self, now: float) -> bool:
-        """Take one retry from the budget; False (and counted) when it is spent. The window is
-        trimmed before the retries in it are counted (else a burst long past would still
-        count against the first retry after a quiet period)."""
-        allowed = self.allowed(now)  # trims both windows to the last budget_window_s
-        if len(self._retries) < allowed:
-            self._retries.append(now)
-            return True
-        self.exhausted += 1
-        return False
+def _honour_retry_after(
+    history: PoolHistory, pool: Pool, now: float, deadline: float
+) -> tuple[Replica | None, float]:
+    """``(replica, seconds to wait)`` when the last failure carried a ``Retry-After`` no longer
+    than ``retry.max_retry_after_s`` that ends before the deadline and its replica is usable
+    then; else ``(None, 0)``."""
+    wait = history.last_retry_after_s
+    if wait is None or not history.tried:
+        return None, 0.0
+    if wait > pool.config.retry.max_retry_after_s or now + wait >= deadline:
+        return None, 0.0
+    replica = history.tried[-1]
+    if replica not in pool.usable(now + wait):
+        return None, 0.0
+    return replica, max(wait, 0.001)

@@ -1,6 +1,7 @@
 """The tree shows the architecture (layout issue): no import cycles among first-party modules
 (imports under ``TYPE_CHECKING`` and inside functions included), ``engines`` never imports
-``gateway``, every package names its public surface, and no module outgrows ~400 lines.
+``gateway``, every package names its public surface, no module outgrows ~400 lines, and the
+gateway's packages import only downward along the request path (``LAYERS``).
 
 Imports are read from the source (``ast``), not executed, so a cycle that only a type checker
 or a late import would follow still counts.
@@ -11,9 +12,39 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "engines")
 MAX_LINES = 400
+
+#: The gateway's packages (and top-level modules) bottom up, along the request path: each may
+#: import those on its own layer or below, never one above. Shared nouns sit under the steps:
+#: config, errors and the common helpers (the SSE wire format among them), then the fleet
+#: (pools, replicas, outlier state, retry budgets); then the steps in request order.
+LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
+    "config errors common asgi",
+    "fleet",
+    "routing telemetry",
+    "plan",
+    "protocols",
+    "upstream",
+    "admit",
+    "relay",
+    "account handler state console",
+    "app routes picker",
+    "server",
+    "demo",
+    "cli",
+    "__main__",
+))
+
+#: Imports against ``LAYERS`` that are allowed, (importer, imported) package pairs, with why.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    ("fleet", "routing"): "type-only (TYPE_CHECKING): a pool carries the router that routing sets"
+    " on it at startup, and the router's protocol (fleet.pools.ReplicaRouter) names the"
+    " routing key and store types it is called with",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -126,3 +157,46 @@ def test_no_module_over_400_lines() -> None:
     long = {p.relative_to(ROOT).as_posix(): n for p in _modules().values()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def _layer_of(module: str) -> tuple[str, int] | None:
+    """``gateway.x.y`` → (``x``, its layer index); None outside ``gateway`` or for the package
+    root itself."""
+    parts = module.split(".")
+    if parts[0] != "gateway" or len(parts) < 2:
+        return None
+    for i, layer in enumerate(LAYERS):
+        if parts[1] in layer:
+            return parts[1], i
+    raise AssertionError(f"{module}: gateway.{parts[1]} is on no layer of LAYERS")
+
+
+def _upward(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """Package pairs (importer, imported) whose import runs up ``LAYERS``, with the modules."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for mod, deps in graph.items():
+        src = _layer_of(mod)
+        for dep in deps:
+            dst = _layer_of(dep)
+            if src is not None and dst is not None and dst[1] > src[1]:
+                out.setdefault((src[0], dst[0]), []).append(f"{mod} -> {dep}")
+    return out
+
+
+def test_gateway_imports_follow_the_request_path() -> None:
+    """No package imports one above it in ``LAYERS`` (``ALLOWED_UPWARD`` excepted: at most one
+    pair, each with its reason)."""
+    assert len(ALLOWED_UPWARD) <= 1
+    bad = {pair: sorted(mods) for pair, mods in _upward(_graph()).items()
+           if pair not in ALLOWED_UPWARD}
+    assert bad == {}
+
+
+def test_layer_check_sees_an_upward_import() -> None:
+    """The checker itself: an import from a lower layer to a higher one is reported, a
+    downward one is not, and a package on no layer fails loudly."""
+    graph = {"gateway.fleet.pools": {"gateway.relay.stream", "gateway.config"},
+             "gateway.relay.stream": {"gateway.fleet.pools"}}
+    assert _upward(graph) == {("fleet", "relay"): ["gateway.fleet.pools -> gateway.relay.stream"]}
+    with pytest.raises(AssertionError, match=r"gateway\.nowhere"):
+        _upward({"gateway.nowhere": {"gateway.config"}})

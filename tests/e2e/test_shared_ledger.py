@@ -20,8 +20,8 @@ import httpx
 import pytest
 import redis
 
+from gateway.fleet.pools import Replica
 from gateway.routing.hashring import hash_order
-from gateway.routing.pools import Replica
 from tests.e2e.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e

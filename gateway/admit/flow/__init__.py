@@ -2,7 +2,7 @@
 saturated replicas, strict priority bands, fair queuing across keys and sessions, early
 shedding with an honest ``Retry-After``. A pool that cannot saturate pays nothing.
 
-- ``control``: ``FlowControl`` (``classify`` → ``Admission``, ``acquire`` → ``Slot``,
+- ``flow_control``: ``FlowControl`` (``classify`` → ``Admission``, ``acquire`` → ``Slot``,
   ``release``; the first-token guard of the top band);
 - ``refusal``: ``QueueRefused`` (503, or 429 ``resource_unavailable`` for flex; the decision
   time in ``x-speedgate-admit-s``);
@@ -14,5 +14,5 @@ shedding with an honest ``Retry-After``. A pool that cannot saturate pays nothin
 - ``saturation``: slots per band (``band_limits``), ``EngineQueues`` (scraped waiting);
 - ``metrics``: ``register_flow_metrics``.
 
-Every policy module is pure (``now`` passed in); only ``control`` touches asyncio.
+Every policy module is pure (``now`` passed in); only ``flow_control`` touches asyncio.
 """

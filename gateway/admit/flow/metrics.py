@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.admit.flow.control import FlowControl
+from gateway.admit.flow.flow_control import FlowControl
 
 # Seconds: a slot usually frees within milliseconds to seconds; flex/batch may wait minutes.
 WAIT_BUCKETS: tuple[float, ...] = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gateway.routing.pools import Pool
+from gateway.fleet.pools import Pool
 
 
 def band_limits(

@@ -9,16 +9,16 @@
   decision counters, spec-decode scraper, metrics collector).
 """
 
-from gateway.plan.auto.decide import AutoParams, Decision, PoolView, RequestFacts, decide
+from gateway.plan.auto.decide import AutoParams, PoolView, RequestFacts, TierDecision, decide
 from gateway.plan.auto.estimator import Measurement, PoolEstimate, PoolEstimator
 
 __all__ = [
     "AutoParams",
-    "Decision",
     "Measurement",
     "PoolEstimate",
     "PoolEstimator",
     "PoolView",
     "RequestFacts",
+    "TierDecision",
     "decide",
 ]

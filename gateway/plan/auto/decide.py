@@ -1,5 +1,5 @@
 """The ``auto`` decision: standard or fast for one request, from the pools' live estimates.
-Pure: pool views and request facts in, a ``Decision`` out (the random draw is an input).
+Pure: pool views and request facts in, a ``TierDecision`` out (the random draw is an input).
 
 For each pool, the expected upstream time of *this* request (``PoolEstimate.completion_s``):
 TTFT at the pool's current load with the prompt tokens not cached there (prompt − the prefix
@@ -74,7 +74,7 @@ class AutoParams:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class TierDecision:
     """The tier chosen, why, and the expected upstream seconds per tier (None: not
     estimated) with the load each was estimated at; ``explorable``: whether this request
     could have explored (the caller's ``stale_streak`` counts those that did not)."""
@@ -108,16 +108,16 @@ def decide(
     params: AutoParams,
     draw: float,
     stale_streak: int = 0,
-) -> Decision:
+) -> TierDecision:
     """Choose the tier for one ``auto`` request. ``draw``: a uniform [0, 1) random number (the
     caller's seeded RNG) used for exploration only; ``stale_streak``: explorable requests in a
     row that did not explore (the ``ceil(1 / explore_share)``-th explores whatever its draw)."""
     views = {"standard": standard, "fast": fast}
     loads = {t: v.load for t, v in views.items()}
     if not fast.available:
-        return Decision("standard", "fast-unavailable", loads=loads)
+        return TierDecision("standard", "fast-unavailable", loads=loads)
     if not standard.available:
-        return Decision("fast", "standard-unavailable", loads=loads)
+        return TierDecision("fast", "standard-unavailable", loads=loads)
     cold = [t for t, v in views.items()
             if v.estimate is None or v.estimate.samples < params.min_samples]
     expected: dict[str, float] = {}
@@ -137,8 +137,8 @@ def decide(
         draw < params.explore_share
         or stale_streak + 1 >= math.ceil(1.0 / params.explore_share)
     ):
-        return Decision(other, "explore", expected, loads, explorable=True)
-    return Decision(tier, reason, expected, loads, explorable=explorable)
+        return TierDecision(other, "explore", expected, loads, explorable=True)
+    return TierDecision(tier, reason, expected, loads, explorable=explorable)
 
 
 def _by_speed(

@@ -18,7 +18,7 @@ linear models, fitted by exponentially decayed ridge least squares on finished r
   4, a tool call) weighs little and its fixed cost lands in ``f``, where a per-request average
   of ``decode/(n − 1)`` would charge it to every token and call the pool slow;
 
-where ``load`` is the pool's mean requests per replica (``gateway.routing.load.replica_load``:
+where ``load`` is the pool's mean requests per replica (``gateway.fleet.pools.replica_load``:
 in flight here, or the engine's scraped running + waiting when larger), taken when each phase
 ran: at dispatch for TTFT (the queue and batch the prompt met), at finish for decode (the batch
 its tokens were decoded in; ``gateway.plan.auto.service.measurement``). One average of the two

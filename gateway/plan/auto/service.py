@@ -7,7 +7,7 @@ tokens estimated as characters / 4 (OpenAI's rule of thumb for English; no token
 path), the prefix each pool holds for the session (the routing state store's block bindings,
 ``gateway.routing``: the same lookup the pool's router then reuses, so no extra round trip on
 the pool that serves), ``max_tokens`` — and calls the pure rule ``gateway.plan.auto.decide``.
-``observe`` (``gateway.telemetry.accounting``, once per finished request of any tier) feeds the
+``observe`` (``gateway.account``, once per finished request of any tier) feeds the
 pool's estimator with what the gateway measured: TTFT, decode time, tokens, and the pool's load.
 """
 
@@ -26,16 +26,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.common.tasks import cancel_and_wait
-from gateway.plan.auto.decide import AutoParams, Decision, PoolView, RequestFacts, decide
+from gateway.fleet.pools import replica_load
+from gateway.plan.auto.decide import AutoParams, PoolView, RequestFacts, TierDecision, decide
 from gateway.plan.auto.estimator import Measurement, PoolEstimator, expected_output_tokens
 from gateway.routing.keys import RouteRequest, sampled_indices
-from gateway.routing.load import replica_load
 from gateway.routing.table import AffinityTable
 
 if TYPE_CHECKING:
     from gateway.config import AutoConfig, GatewayConfig
+    from gateway.fleet.pools import Pool, PoolRegistry
     from gateway.plan.tiers import TierRequest
-    from gateway.routing.pools import Pool, PoolRegistry
     from gateway.telemetry.record import RequestRecord
 
 log = logging.getLogger("speedgate.auto")
@@ -49,7 +49,7 @@ class AutoChoice:
     """What ``choose`` decided for one request (kept on the request record so ``observe`` can
     compare the estimate with the measurement)."""
 
-    decision: Decision
+    decision: TierDecision
     pool_key: str
 
     @property
@@ -203,7 +203,7 @@ class AutoTier:
             req.model.tiers[t].prices.input_per_mtok_usd
             + req.model.tiers[t].prices.output_per_mtok_usd, t != "standard"))
         self.decisions[(req.model_name, tier, "session-budget")] += 1
-        return AutoChoice(Decision(tier, "session-budget"), f"{req.model_name}/{tier}")
+        return AutoChoice(TierDecision(tier, "session-budget"), f"{req.model_name}/{tier}")
 
     def entitlement_denied(self, model: str) -> None:
         """Count an ``auto`` request served standard because its key lacks the fast tier."""
@@ -231,8 +231,8 @@ class AutoTier:
     # -- speculative decoding counters -----------------------------------------------------
     def start(self) -> None:
         """Every ``acceptance_scrape_interval_s``, turn the fast pools' spec-decode counters
-        (read by the routing load scraper, ``gateway.routing.load``: no second scrape of the
-        engines) into tokens per step (call from the running loop)."""
+        (read by the engine load scraper, ``gateway.upstream.load_scraper``: no second scrape of
+        the engines) into tokens per step (call from the running loop)."""
         loop = asyncio.get_running_loop()
         for pool in self.pools.all():
             interval = self.models[pool.model].acceptance_scrape_interval_s

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 from gateway.routing.scorers.base import ScoreContext
 from gateway.routing.scorers.hash import score_hash
 from gateway.routing.scorers.load import score_load

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 from gateway.routing.store import Lookup
 
 
@@ -12,9 +12,9 @@ from gateway.routing.store import Lookup
 class ScoreContext:
     """``lookup``: the state store's bindings (None: store unavailable or not consulted);
     ``blocks``: the request's prefix block count; ``order``: the session's consistent-hash
-    order of the whole pool; ``loads``: requests per candidate (``load.replica_load``);
+    order of the whole pool; ``loads``: requests per candidate (``fleet.pools.replica_load``);
     ``lead_blocks``: blocks of the shared preamble (system prompt) that prove no affinity;
-    ``sessions``: active sessions per candidate (``ledger``) when a session is being bound,
+    ``sessions``: active sessions per candidate (``session_ledger``) when a session is being bound,
     None for policies that keep no session state."""
 
     lookup: Lookup | None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 from gateway.routing.scorers.base import ScoreContext
 
 

@@ -2,7 +2,7 @@
 
 Stateless policies (``ctx.sessions`` None): score = 0.8 × (1 − load / (max load + 1)) + 0.2 ×
 (1 − KV-cache usage): 1.0 for an idle replica with an empty cache, falling linearly with its
-share of the busiest candidate's requests (``load.replica_load``: in-flight here or the
+share of the busiest candidate's requests (``fleet.pools.replica_load``: in-flight here or the
 engine's running + waiting) and with ``vllm:kv_cache_usage_perc``.
 
 Binding a session (``ctx.sessions``: active sessions per candidate): the load is the sessions a
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.routing.pools import Replica
+from gateway.fleet.pools import Replica
 from gateway.routing.scorers.base import ScoreContext
 
 

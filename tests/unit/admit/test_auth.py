@@ -22,9 +22,9 @@ from gateway.admit.hardening import HeadersTooLarge, check_headers, check_json_s
 from gateway.cli import main
 from gateway.config import AuthConfig, ConfigError, load_config
 from gateway.errors import InvalidRequest
+from gateway.fleet.pools import PoolRegistry
 from gateway.plan.chain import plan_request
 from gateway.plan.tiers import ModelIndex
-from gateway.routing.pools import PoolRegistry
 
 
 def _cfg():

@@ -12,7 +12,7 @@ import pytest
 from gateway.admit.budget import (
     BudgetExceeded,
     BudgetUnavailable,
-    MemoryLedger,
+    MemoryBudgetLedger,
     SessionBudgets,
     check,
     estimate_usd,
@@ -58,7 +58,7 @@ def test_budget_in_force():
 
 async def test_memory_ledger_reserve_settle_and_expiry():
     t = [0.0]
-    led = MemoryLedger(reservation_ttl_s=60, clock=lambda: t[0])
+    led = MemoryBudgetLedger(reservation_ttl_s=60, clock=lambda: t[0])
     ok, before = await led.reserve("k/s", 1.0, 0.4, "r1")
     assert ok and before.spent_usd == 0 and before.reserved_usd == 0
     ok, before = await led.reserve("k/s", 1.0, 0.4, "r2")
@@ -101,18 +101,18 @@ async def test_reserve_refuses_past_the_budget_with_the_remaining_header():
 
 @contextlib.asynccontextmanager
 async def redis_ledgers():
-    """A factory of ``RedisLedger``s on separate clients (as separate gateway processes
+    """A factory of ``RedisBudgetLedger``s on separate clients (as separate gateway processes
     have), sharing a fresh key prefix that is deleted afterwards."""
     redis = pytest.importorskip("redis.asyncio")
-    from gateway.admit.budget_redis import RedisLedger
+    from gateway.admit.budget_redis import RedisBudgetLedger
 
     prefix = f"test:budget:{uuid.uuid4().hex}:"
     clients = []
 
-    def make() -> RedisLedger:
+    def make() -> RedisBudgetLedger:
         c = redis.Redis.from_url("redis://127.0.0.1:6379/0", socket_timeout=2)
         clients.append(c)
-        return RedisLedger(c, prefix=prefix, reservation_ttl_s=60)
+        return RedisBudgetLedger(c, prefix=prefix, reservation_ttl_s=60)
 
     try:
         await make().client.ping()
@@ -151,7 +151,7 @@ async def test_redis_ledger_is_atomic_across_gateway_clients():
         assert await a.read("k/none") is None
 
 
-class _DownLedger(MemoryLedger):
+class _DownLedger(MemoryBudgetLedger):
     async def reserve(self, *args, **kwargs):  # type: ignore[override]
         raise ConnectionError("redis down")
 

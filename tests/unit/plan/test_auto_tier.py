@@ -11,6 +11,7 @@ import pytest
 
 from gateway.common.usage import Usage
 from gateway.config import load_config
+from gateway.fleet.pools import PoolRegistry
 from gateway.plan.auto.decide import AutoParams, PoolView, RequestFacts, decide
 from gateway.plan.auto.estimator import (
     DEFAULT_OUTPUT_TOKENS,
@@ -30,7 +31,6 @@ from gateway.plan.chain import plan_request
 from gateway.plan.tiers import ModelIndex
 from gateway.routing import RouteRequest
 from gateway.routing.keys import block_chain
-from gateway.routing.pools import PoolRegistry
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord
 
@@ -338,7 +338,7 @@ def test_block_end_chars_matches_block_chain():
 
 
 def test_spec_counters_come_from_the_one_engine_scrape():
-    from gateway.routing.load import SPEC_ACCEPTED, SPEC_DRAFTS, parse_engine_metrics
+    from gateway.upstream.load_scraper import SPEC_ACCEPTED, SPEC_DRAFTS, parse_engine_metrics
 
     text = (
         "# TYPE vllm:spec_decode_num_drafts counter\n"

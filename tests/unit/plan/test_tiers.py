@@ -4,9 +4,9 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.errors import InvalidRequest, ModelNotFound
+from gateway.fleet.pools import PoolRegistry
 from gateway.plan.chain import plan_request
 from gateway.plan.tiers import ModelIndex
-from gateway.routing.pools import PoolRegistry
 
 
 def _cfg(**model_kw):

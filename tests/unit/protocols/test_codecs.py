@@ -11,6 +11,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.admit.gate import estimate_tokens
+from gateway.common.sse import SSEEvent
 from gateway.config import TelemetryConfig
 from gateway.errors import GatewayError, NoHealthyReplica, UpstreamError, UpstreamTimeout
 from gateway.protocols.base import (
@@ -29,7 +30,6 @@ from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
 from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
 from gateway.protocols.response_store import MemoryResponseStore
 from gateway.protocols.responses import ResponsesProtocol
-from gateway.relay.sse import SSEEvent
 from gateway.relay.stream import relay_events
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import Telemetry

@@ -8,9 +8,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from gateway.common.sse import SSEParser
 from gateway.protocols.base import CONTENT
 from gateway.protocols.openai_chat import ChunkRewriter, OpenAIStream
-from gateway.relay.sse import SSEParser
 
 CHUNK = b'{"id":"x","model":"served","choices":[{"index":0,"delta":{"content":"a"}}]}'
 

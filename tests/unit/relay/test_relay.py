@@ -4,9 +4,9 @@ import asyncio
 
 import orjson
 
+from gateway.common.sse import SSEEvent
 from gateway.errors import UpstreamTimeout
 from gateway.protocols.openai_chat import ChunkRewriter, OpenAIStream
-from gateway.relay.sse import SSEEvent
 from gateway.relay.stream import relay_events
 
 ROLE = SSEEvent(b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}')

@@ -15,7 +15,7 @@ import pytest
 from engines.sim.testing import start_sim
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.routing.ledger import SessionLedger
+from gateway.routing.session_ledger import SessionLedger
 from gateway.routing.table import AffinityTable
 
 LONG = 30_000  # characters per session id, as in the issue

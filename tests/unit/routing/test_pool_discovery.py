@@ -3,7 +3,7 @@
 import pytest
 
 from gateway.config import ConfigError, GatewayConfig, load_config
-from gateway.routing.pools import PoolRegistry
+from gateway.fleet.pools import PoolRegistry
 
 
 def _cfg(pool: dict) -> GatewayConfig:

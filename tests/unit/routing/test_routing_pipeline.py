@@ -9,16 +9,16 @@ from collections import Counter
 import pytest
 
 from gateway.config import PoolConfig, RoutingConfig
+from gateway.fleet.pools import Pool, Replica, replica_load
 from gateway.routing import RouteRequest
 from gateway.routing.filters import load_bound, overloaded, under_bound
 from gateway.routing.hashring import hash_order
-from gateway.routing.ledger import SessionLedger
-from gateway.routing.load import apply_engine_metrics, parse_engine_metrics, replica_load
 from gateway.routing.picker import pick_best, weighted_scores
 from gateway.routing.pipeline import PoolRouter
-from gateway.routing.pools import Pool, Replica
 from gateway.routing.scorers import SCORERS, ScoreContext
+from gateway.routing.session_ledger import SessionLedger
 from gateway.routing.store import Lookup, MemoryRoutingStore
+from gateway.upstream.load_scraper import apply_engine_metrics, parse_engine_metrics
 
 
 def _pool(n: int = 4, **routing) -> Pool:

@@ -10,11 +10,11 @@ import yaml
 
 from engines.sim.metrics import SimMetrics
 from gateway.admit.budget import SessionBudgets
-from gateway.admit.flow.control import FlowControl
+from gateway.admit.flow.flow_control import FlowControl
 from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.common.usage import Usage
 from gateway.config import ServerConfig, load_config
-from gateway.routing.pools import PoolRegistry
+from gateway.fleet.pools import PoolRegistry
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.metrics import GatewayMetrics, metric_label_names
 from gateway.telemetry.record import RequestRecord

@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.common.usage import Usage
 from gateway.config import load_config
-from gateway.routing.pools import PoolRegistry
+from gateway.fleet.pools import PoolRegistry
 from gateway.telemetry.histograms import ITL_BUCKETS, GapTimer
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.record import RequestRecord

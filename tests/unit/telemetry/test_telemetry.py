@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.common.usage import Usage
 from gateway.config import TelemetryConfig, load_config
-from gateway.routing.pools import PoolRegistry
+from gateway.fleet.pools import PoolRegistry
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.otlp_metrics import convert, otel_name

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from gateway.app import SpeedgateApp, create_app
 from gateway.config import load_config
-from gateway.routing.pools import Pool
+from gateway.fleet.pools import Pool
 from gateway.state import GatewayState
 
 Script = Callable[[web.Request, int], Awaitable[web.StreamResponse]]

@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.relay.sse import MAX_EVENT_BYTES
+from gateway.common.sse import MAX_EVENT_BYTES
 from gateway.upstream.attempt import parse_retry_after
 from tests.unit.upstream.engine_double import (
     chunk,

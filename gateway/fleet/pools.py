@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.common.urls import redact_url
 from gateway.config import GatewayConfig, PoolConfig, Tier
-from gateway.upstream.outlier import OutlierState, max_ejected, record_failure, record_success
-from gateway.upstream.retry import RetryBudget
+from gateway.fleet.outlier import OutlierState, max_ejected, record_failure, record_success
+from gateway.fleet.retry_budget import RetryBudget
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -29,7 +29,7 @@ class Replica:
 
     ``inflight`` counts requests this gateway has open to it (incremented when an attempt
     starts, decremented on every exit path). ``healthy`` comes from active ``/health`` probes,
-    ``outlier`` from passive ejection (``gateway.upstream.outlier``).
+    ``outlier`` from passive ejection (``gateway.fleet.outlier``).
     """
 
     url: str
@@ -41,7 +41,7 @@ class Replica:
     safe_url: str = ""
     name: str = ""  # "model/tier/index": how clients and logs name it without its address
     outlier: OutlierState = field(default_factory=OutlierState)
-    # engine load scraped from its /metrics (gateway.routing.load); engine_load_at: monotonic s
+    # engine load from its /metrics (gateway.upstream.load_scraper); engine_load_at: monotonic s
     engine_running: int = 0
     engine_waiting: int = 0
     kv_cache_usage: float = 0.0
@@ -54,6 +54,20 @@ class Replica:
 
     def __post_init__(self) -> None:
         self.safe_url = redact_url(self.url)
+
+
+def replica_load(r: Replica, now: float, fresh_s: float = 3.0) -> int:
+    """Requests on ``r``: max(in-flight here, engine running + waiting if scraped within
+    ``fresh_s`` seconds; the engine's figures come from ``gateway.upstream.load_scraper``).
+
+    The engine's ``num_requests_running + num_requests_waiting`` also counts other gateway
+    replicas' requests. The load decides whether a replica is ``overloaded`` (the only reason a
+    bound session leaves it), feeds the load scorer, and is what the bounded-load rule bounds for
+    policies without session state; sessions being bound are bounded by active sessions instead
+    (``gateway.routing.session_ledger``). Units: requests."""
+    if r.engine_load_at and now - r.engine_load_at <= fresh_s:
+        return max(r.inflight, r.engine_running + r.engine_waiting)
+    return r.inflight
 
 
 class ReplicaRouter(Protocol):

@@ -1,4 +1,4 @@
-"""Flow control of one process (``gateway.admit.flow.control``) on a real pool registry, with
+"""Flow control of one process (``gateway.admit.flow.flow_control``) on a real pool registry, with
 an injected clock: slots, band order, fairness, shedding, flex 429, timeouts, disconnects,
 promotion and the engine-queue bound. No sleeps: the pump's step is called directly."""
 
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from gateway.admit.flow.bands import BandChoice
-from gateway.admit.flow.control import Admission, FlowControl, QueueRefused, Slot
+from gateway.admit.flow.flow_control import Admission, FlowControl, QueueRefused, Slot
 from gateway.config import load_config
-from gateway.routing.pools import PoolRegistry
+from gateway.fleet.pools import PoolRegistry
 
 BANDS = [{"name": "interactive", "max_queue_s": 30}, {"name": "standard", "max_queue_s": 60},
          {"name": "batch", "max_queue_s": 900, "max_wait_s": 10}]
@@ -336,8 +336,8 @@ async def test_a_refusal_reports_its_decision_time_from_arrival():
     the gateway (``rec.t_start``): the ``x-speedgate-admit-s`` header and the refusal metric."""
     from types import SimpleNamespace
 
+    from gateway.admit.admission import AdmissionControl, Ticket
     from gateway.admit.budget import SessionBudgets
-    from gateway.admit.control import AdmissionControl, Ticket
     from gateway.telemetry.record import RequestRecord
 
     flow, pool, clock = make(cap=1)

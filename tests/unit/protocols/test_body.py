@@ -4,7 +4,7 @@ import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.relay.body import parse_body, upstream_body
+from gateway.protocols.body import parse_body, upstream_body
 
 
 def test_model_spliced_bytes_otherwise_identical():

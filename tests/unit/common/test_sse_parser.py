@@ -1,6 +1,6 @@
 """The SSE parser works on whole events whatever the byte cuts and line endings."""
 
-from gateway.relay.sse import SSEParser, encode_event
+from gateway.common.sse import SSEParser, encode_event
 
 STREAM = (
     'data: {"a":"안녕하세요 👋"}\n\n'

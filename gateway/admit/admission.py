@@ -6,7 +6,7 @@
    ``over_soft_budget`` steers ``auto`` to the cheaper tier, its ``engine_priority`` goes to
    pools whose engines run vLLM's priority scheduling, its ``headers()`` go on the response;
 2. ``wait(ticket, plan, timeout_s, rec)`` inside the disconnect watch, before the first attempt: a
-   slot on the plan's first pool, queued while that pool is saturated (``flow.control``; 503,
+   slot on the plan's first pool, queued while that pool is saturated (``flow.flow_control``; 503,
    or 429 for flex, when it cannot start in time); returns the request timeout left;
 3. ``leave(ticket, rec)`` exactly once after accounting, on every exit path: the slot back
    (the next waiting request goes at once) and the session's reservation settled at the
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 from gateway.admit.auth import load_keys
 from gateway.admit.budget import HEADER as BUDGET_HEADER
 from gateway.admit.budget import BudgetHold, SessionBudgets, estimate_usd
-from gateway.admit.budget_redis import RedisLedger
+from gateway.admit.budget_redis import RedisBudgetLedger
 from gateway.admit.flow.bands import HEADER as PRIORITY_HEADER
-from gateway.admit.flow.control import (
+from gateway.admit.flow.flow_control import (
     BYTES_PER_TOKEN,
     Admission,
     FlowControl,
@@ -37,10 +37,10 @@ from gateway.upstream.deadline import total_timeout_s
 
 if TYPE_CHECKING:
     from gateway.admit.auth import ApiKey
+    from gateway.fleet.pools import PoolRegistry
     from gateway.plan.chain import Plan
     from gateway.plan.tiers import TierRequest
-    from gateway.relay.body import ParsedBody
-    from gateway.routing.pools import PoolRegistry
+    from gateway.protocols.body import ParsedBody
     from gateway.telemetry.record import RequestRecord
 
 
@@ -155,7 +155,7 @@ def build_admission(config: GatewayConfig, pools: PoolRegistry) -> AdmissionCont
         raise ConfigError(str(e)) from None
     b, st = config.budgets, config.state
     ledger = (
-        RedisLedger.from_url(st.redis_url, st.redis_timeout_s, prefix=b.redis_prefix,
+        RedisBudgetLedger.from_url(st.redis_url, st.redis_timeout_s, prefix=b.redis_prefix,
                              reservation_ttl_s=b.reservation_ttl_s,
                              session_ttl_s=b.session_ttl_s)
         if st.redis_url else None

@@ -54,12 +54,11 @@ from gateway.console.engine import EngineRates
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.sessions import top_sessions
 from gateway.console.window import PoolStep
+from gateway.fleet.pools import Pool, PoolRegistry, Replica, replica_load
 from gateway.plan.auto.service import AutoTier, pool_load
-from gateway.routing.load import replica_load
-from gateway.routing.pools import Pool, PoolRegistry, Replica
 
 VERSION = 1
-#: Engine load older than this many scrape intervals is stale (``gateway.routing.load``).
+#: Engine load older than this many scrape intervals is stale (``gateway.upstream.load_scraper``).
 STALE_SCRAPES = 3
 
 

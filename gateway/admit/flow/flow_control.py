@@ -45,7 +45,7 @@ from gateway.admit.flow.queue import BandedQueue, BandRule, Waiter
 from gateway.admit.flow.refusal import ADMIT_TIME_HEADER, QueueRefused
 from gateway.admit.flow.saturation import EngineQueues, band_limits, slot_capacity
 from gateway.config import ApiKeyConfig, GatewayConfig
-from gateway.routing.pools import Pool, PoolRegistry
+from gateway.fleet.pools import Pool, PoolRegistry
 
 log = logging.getLogger("speedgate.flow")
 

@@ -1,5 +1,5 @@
 """Active sessions per replica shared by every gateway replica through Redis: the bounded-load
-rule's "balls" (``ledger``) counted once for the whole deployment.
+rule's "balls" (``session_ledger``) counted once for the whole deployment.
 
 With a per-process ledger, N gateway replicas each count only the sessions they routed, about
 1/N of them, so each applies the bound ``ceil(c × (S + 1) / n)`` to a picture that misses most
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gateway.common.breaker import CircuitBreaker
-from gateway.routing.ledger import SessionLedger
+from gateway.routing.session_ledger import SessionLedger
 
 # KEYS: the sets of every replica of the pool, the session's new replica first.
 # ARGV: 1 session key, 2 idle window (ms).

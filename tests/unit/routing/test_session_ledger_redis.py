@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from gateway.common.breaker import CircuitBreaker
-from gateway.routing.ledger import SessionLedger
-from gateway.routing.ledger_redis import RedisSessionLedger
+from gateway.routing.session_ledger import SessionLedger
+from gateway.routing.session_ledger_redis import RedisSessionLedger
 
 REPLICAS = ["m/s/0", "m/s/1", "m/s/2"]
 

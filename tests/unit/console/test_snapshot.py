@@ -13,13 +13,13 @@ from gateway.common.usage import Usage
 from gateway.config import load_config
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.sketch import RELATIVE_ACCURACY
-from gateway.console.state import ConsoleSources, build_state
+from gateway.console.snapshot import ConsoleSources, build_state
+from gateway.fleet.pools import PoolRegistry
 from gateway.plan.auto.service import AutoTier
-from gateway.routing.load import apply_engine_metrics
-from gateway.routing.pools import PoolRegistry
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord
+from gateway.upstream.load_scraper import apply_engine_metrics
 
 SECRET = "engine-password-7"
 WALL0 = 1_800_000_000.0

@@ -4,7 +4,7 @@ by the release of a slot, in any of the pools it waits on, and leaves no waiter 
 import asyncio
 
 from gateway.config import GatewayConfig
-from gateway.routing.pools import PoolRegistry, wait_for_slot
+from gateway.fleet.pools import PoolRegistry, wait_for_slot
 
 
 def _pools():

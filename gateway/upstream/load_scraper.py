@@ -1,12 +1,8 @@
-"""Load signals of each replica: in-flight requests at this gateway, plus the engine's own
-queue and KV-cache usage scraped from its ``/metrics`` (vLLM names, DESIGN §4).
+"""The engine load scraper: each replica's queue and KV-cache usage read from its ``/metrics``
+(vLLM names, DESIGN §4) and stored on the replica (``gateway.fleet.pools.Replica``).
 
-``replica_load`` is the request load: the larger of this gateway's in-flight count and the
-engine's ``num_requests_running + num_requests_waiting`` (which also counts other gateway
-replicas' requests), the engine part only while fresh (scraped within 3 intervals). It decides
-whether a replica is ``overloaded`` (the only reason a bound session leaves it), feeds the load
-scorer, and is what the bounded-load rule bounds for policies without session state; sessions
-being bound are bounded by active sessions instead (``ledger``). Units: requests; KV usage 0..1.
+What the scraped values mean for routing: ``gateway.fleet.pools.replica_load``. Units:
+requests; KV usage 0..1.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.common.tasks import cancel_and_wait
-from gateway.routing.pools import PoolRegistry, Replica
+from gateway.fleet.pools import PoolRegistry, Replica
 from gateway.upstream.client import Upstream, UpstreamConnectError
 
 log = logging.getLogger("speedgate.routing")
@@ -69,14 +65,6 @@ def apply_engine_metrics(replica: Replica, values: dict[str, float], now: float)
     replica.prefix_queries = values.get(PREFIX_QUERIES, 0.0)
     replica.prefix_hits = values.get(PREFIX_HITS, 0.0)
     replica.engine_load_at = now
-
-
-def replica_load(r: Replica, now: float, fresh_s: float = 3.0) -> int:
-    """Requests on ``r``: max(in-flight here, engine running + waiting if scraped within
-    ``fresh_s`` seconds)."""
-    if r.engine_load_at and now - r.engine_load_at <= fresh_s:
-        return max(r.inflight, r.engine_running + r.engine_waiting)
-    return r.inflight
 
 
 class LoadScraper:
