@@ -32,9 +32,13 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# The project's own wheel by file name (hence pinned), its dependencies from the same folder.
+# The project's own wheel by file name (hence pinned), its dependencies from the same folder;
+# then opentelemetry-proto again: xds-protos ships an older copy of OpenTelemetry's protos into
+# the same folder and the OTLP exporter needs its own (a superset of what Envoy's stubs import).
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels /wheels/speedgate-*.whl
+    pip install --no-cache-dir --no-index --find-links /wheels /wheels/speedgate-*.whl \
+    && pip install --no-cache-dir --no-index --force-reinstall --no-deps \
+       /wheels/opentelemetry_proto-*.whl
 # Numeric uid/gid: Kubernetes' runAsNonRoot can only verify a numeric user.
 RUN groupadd --system --gid 10001 speedgate \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin speedgate

@@ -24,13 +24,24 @@ endef
 
 # `make demo` needs only the runtime (and pip, for the `pip install openai` the demo suggests);
 # `make test` and the rest add the dev and test extras.
+# xds-protos (the picker's Envoy stubs) ships its own, older copy of OpenTelemetry's protos into
+# the same opentelemetry/proto/ folder: whichever wheel installs last wins, and the older copy
+# breaks the OTLP exporter (no InstrumentationScope). opentelemetry-proto reinstalled last wins;
+# the newer protos are a superset of what the Envoy stubs import.
+define otel_protos_last
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
+endef
+
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv --without-pip $(VENV)
 	$(call venv_install,-e . pip)
+	$(otel_protos_last)
 	touch $(RUNTIME)
 
 $(STAMP): $(RUNTIME)
 	$(call venv_install,-e '.[dev]')
+	$(otel_protos_last)
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install speedgate with its dev extras
