@@ -26,7 +26,8 @@ PRICES = {
              "output_per_mtok_usd": 30.0},
 }
 TOOLS = [{"name": "get_weather", "description": "Weather of a city",
-          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}]
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
