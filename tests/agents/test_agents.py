@@ -1,0 +1,128 @@
+"""Claude Code (``claude -p``, Messages API) and Codex (``codex exec``, Responses API) run a
+scripted several-turn task with their real tools through the gateway over simulated replicas:
+the task's effect on disk, affinity (every turn on one replica), the fast tier asked by the
+model alias, usage totals equal to the sum of the turns, the agent's own id as the session
+key, and a replica killed while a turn is in flight (the turn still completes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.agents.harness import (
+    FINAL_TEXT,
+    AgentRun,
+    KillMidTurn,
+    access_lines,
+    claude_script,
+    codex_script,
+    run_claude,
+    run_codex,
+    set_replica_faults,
+)
+from tests.agents.install import Agents
+from tests.e2e.stack import MODEL, Stack
+
+pytestmark = pytest.mark.e2e
+TURNS = 4  # requests of the scripted task: write, run, read, answer
+NEEDS_27 = "needs issue 27"
+# Claude Code sends ``role: "system"`` entries inside ``messages``: the gateway answers 400
+CLAUDE_XFAIL = pytest.mark.xfail(strict=True, reason=f"{NEEDS_27}: Messages rejects role "
+                                 "system entries (400), so Claude Code cannot run")
+
+
+def _run(agent: str, agents: Agents, stack: Stack, tmp: Path, model: str,
+         faults: dict[str, Any] | None = None, kill_turn: int | None = None
+         ) -> tuple[AgentRun, list[dict[str, Any]], Path, str | None]:
+    scratch, home = tmp / "scratch", tmp / "home"
+    scratch.mkdir()
+    home.mkdir()
+    stack.reset_sims()
+    script = claude_script(scratch) if agent == "claude" else codex_script()
+    set_replica_faults(stack, {"script": script, **(faults or {})})
+    since = len(access_lines(stack))
+    runner = run_claude if agent == "claude" else run_codex
+    killed = None
+    if kill_turn is None:
+        run = runner(getattr(agents, agent), stack, scratch, home, model)
+    else:
+        with KillMidTurn(stack, "standard", kill_turn) as k:
+            run = runner(getattr(agents, agent), stack, scratch, home, model)
+        killed = k.killed
+    return run, access_lines(stack, since), scratch, killed
+
+
+@pytest.fixture(scope="module", params=[pytest.param("claude", marks=CLAUDE_XFAIL), "codex"])
+def fast_run(request: pytest.FixtureRequest, agents: Agents, stack: Stack,
+             tmp_path_factory: pytest.TempPathFactory
+             ) -> tuple[str, AgentRun, list[dict[str, Any]], Path]:
+    """The scripted task with the fast alias (``mymodel-fast``)."""
+    agent = request.param
+    run, lines, scratch, _ = _run(agent, agents, stack, tmp_path_factory.mktemp(agent),
+                                  f"{MODEL}-fast")
+    turn_e2e = [float(e["e2e_s"]) for e in lines]
+    print(f"\nFIGURES {agent}: turns={run.turns} requests={len(lines)} wall_s={run.wall_s:.2f} "
+          f"gateway_e2e_s_per_request={sum(turn_e2e) / max(1, len(turn_e2e)):.4f}")
+    return agent, run, lines, scratch
+
+
+def check_task(run: AgentRun, scratch: Path) -> None:
+    """Exit 0, no error seen, the final text, and the files the tools wrote."""
+    assert run.rc == 0, run.stderr[-2000:] + run.stdout[-2000:]
+    assert not run.errors and run.result.strip() == FINAL_TEXT
+    assert (scratch / "hello.txt").read_text() == "hello agent\n"
+    assert (scratch / "count.txt").read_text().strip() == "12"
+
+
+def test_scripted_task_completes(fast_run) -> None:
+    _, run, _, scratch = fast_run
+    check_task(run, scratch)
+
+
+def test_every_turn_on_one_fast_replica(fast_run) -> None:
+    lines = fast_run[2]
+    assert len(lines) == TURNS and all(e["status"] == "200" for e in lines), lines
+    assert {e["tier"] for e in lines} == {"fast"}
+    assert len({e["replica"] for e in lines}) == 1  # affinity across the turns
+
+
+def test_usage_is_the_sum_of_the_turns(fast_run) -> None:
+    _, run, lines, _ = fast_run
+    assert run.prompt_tokens == sum(int(e["prompt_tokens"]) for e in lines) > 0
+    assert run.output_tokens == sum(int(e["completion_tokens"]) for e in lines) > 0
+
+
+def test_session_key_is_the_agents_id(fast_run, stack: Stack,
+                                      request: pytest.FixtureRequest) -> None:
+    agent, run, lines, _ = fast_run
+    if agent == "codex":  # claude: xfailed by its param already
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"{NEEDS_27}: the agent's "
+                                              "session header is not the session key yet"))
+    assert run.session_id and {e["session_id"] for e in lines} == {run.session_id}
+    totals = httpx.get(stack.base_url + "/v1/usage", params={"session_id": run.session_id}
+                       ).json()
+    assert totals["requests"] == TURNS
+    assert totals["input_tokens"] == sum(int(e["prompt_tokens"]) for e in lines)
+    assert totals["output_tokens"] == sum(int(e["completion_tokens"]) for e in lines)
+
+
+@pytest.mark.parametrize("agent", [pytest.param("claude", marks=CLAUDE_XFAIL), "codex"])
+def test_replica_killed_mid_turn(agent: str, agents: Agents, stack: Stack,
+                                 tmp_path: Path) -> None:
+    """Every replica holds each answer back 1 s (``ttft_delay_s``); the one serving the third
+    turn is killed while that request is in flight. The gateway asks another replica, the
+    agent sees no error and finishes the task."""
+    run, lines, scratch, killed = _run(agent, agents, stack, tmp_path, MODEL,
+                                       faults={"ttft_delay_s": 1.0}, kill_turn=2)
+    try:
+        assert killed is not None
+        check_task(run, scratch)
+        assert all(e["status"] == "200" for e in lines), lines
+        assert len(lines) == TURNS and int(lines[2]["attempts"]) >= 2
+        assert lines[2]["replica"] != lines[1]["replica"]
+    finally:
+        if killed is not None:
+            stack.restart_sim(killed)
