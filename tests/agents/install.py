@@ -1,6 +1,7 @@
-"""Claude Code and Codex for the agent tests: pinned npm packages installed once into a cache
-outside the repo (``~/.cache/speedgate/agents``, or ``$SPEEDGATE_AGENTS_DIR``), reused while
-its stamp names the pinned versions and both executables are there.
+"""Claude Code and Codex for the agent tests, and the Node SDKs of the client matrix: pinned
+npm packages installed once into a cache outside the repo (``~/.cache/speedgate/agents``, or
+``$SPEEDGATE_AGENTS_DIR``), reused while its stamp names the pinned versions and both
+executables are there.
 
 ``python -m tests.agents.install`` installs (``.ci/run`` calls it); :func:`ensure_agents`
 does the same from the tests and returns None (with the reason) only when npm cannot be run
@@ -18,8 +19,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# pinned: the versions these tests were written against (npm view <pkg> version, 2026-12-02)
-PACKAGES = {"@anthropic-ai/claude-code": "2.1.332", "@openai/codex": "0.171.0"}
+# pinned: the versions these tests were written against (npm view <pkg> version, 2026-12-02);
+# the agents, and the Node SDKs of the client matrix (tests/clients/node_matrix.mjs)
+PACKAGES = {"@anthropic-ai/claude-code": "2.1.332", "@openai/codex": "0.171.0",
+            "openai": "7.59.0", "@anthropic-ai/sdk": "1.15.0", "ai": "7.0.173",
+            "@ai-sdk/openai": "4.0.118"}
 INSTALL_TIMEOUT_S = 600
 
 
@@ -31,15 +35,16 @@ def cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Agents:
-    """Paths of the installed executables."""
+    """Paths of the installed executables and of the ``node_modules`` folder."""
 
     claude: Path
     codex: Path
+    node_modules: Path
 
 
 def _installed(root: Path) -> Agents | None:
     bins = root / "node_modules" / ".bin"
-    agents = Agents(bins / "claude", bins / "codex")
+    agents = Agents(bins / "claude", bins / "codex", root / "node_modules")
     stamp = root / "stamp.json"
     try:
         valid = json.loads(stamp.read_text()) == PACKAGES

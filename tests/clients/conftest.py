@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agents.conftest import agents  # noqa: F401  (the cached npm installs)
 from tests.e2e.stack import Stack
 
 RESULTS: dict[str, dict[str, str]] = {}
