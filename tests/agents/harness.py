@@ -201,3 +201,28 @@ class KillMidTurn:
                         self.killed = url
                         return
                 time.sleep(0.05)
+
+
+def added_latency_s(stack: Stack, tier: str, alias: str, rounds: int = 3) -> float:
+    """The gateway's added latency per turn (seconds): every request the ``tier``'s replicas
+    received in the run (as the gateway forwarded them) is replayed ``rounds`` times, each
+    time directly to its replica and through the gateway (model ``alias``, the same replica
+    by affinity, its prefix cached by then; a session of its own, so the run's totals stay
+    the run's); the median of (gateway − direct) wall times."""
+    turns = []
+    with httpx.Client(timeout=30) as c:
+        for url in stack.sims[tier]:
+            for entry in c.get(url + "/sim/requests").json():
+                if isinstance(entry.get("body"), dict) and entry["path"].startswith("/v1/"):
+                    turns.append((url, entry["path"], entry["body"]))
+        gaps = []
+        for url, path, body in turns:
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                c.post(url + path, json=body).read()
+                t1 = time.perf_counter()
+                c.post(stack.base_url + path, json={**body, "model": alias},
+                       headers={"x-session-id": "figures-replay"}).read()  # not the run's
+                gaps.append((time.perf_counter() - t1) - (t1 - t0))
+    gaps.sort()
+    return gaps[len(gaps) // 2] if gaps else 0.0
