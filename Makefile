@@ -6,7 +6,7 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test test-unit test-e2e test-agents lint bench bench-clients clean
+.PHONY: install demo test test-unit test-e2e test-agents lint docs docs-serve bench bench-clients clean
 
 # Installs into the venv with uv when it can be had (it resolves and downloads in parallel:
 # ~4 s cold for the runtime here, against ~25 s for pip): the uv on PATH, else one that the
@@ -40,14 +40,21 @@ install: $(STAMP)  ## create .venv and install speedgate with its dev extras
 demo: $(RUNTIME)  ## simulated standard + fast pools and a gateway on http://127.0.0.1:8080
 	exec $(BIN)/speedgate demo --port $${PORT:-8080} $(DEMO_ARGS)
 
-test: $(STAMP)  ## lint + the whole test suite (unit, simulator, end to end); starts Redis if needed
+test: $(STAMP)  ## lint, the docs site (strict: dead links fail), the whole test suite; starts Redis if needed
 	$(BIN)/ruff check .
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	bash tests/ensure-redis.sh
 	$(BIN)/pytest -q
 
 test-agents: $(STAMP)  ## Claude Code and Codex on scripted tasks through a gateway (npm installs cached)
 	$(BIN)/python -m tests.agents.install
 	$(BIN)/pytest -q tests/agents
+
+docs: $(STAMP)  ## build the documentation site into build/site (strict: dead links fail)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)  ## serve the documentation site on http://127.0.0.1:8000, rebuilt on edits
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 test-unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
@@ -85,7 +92,7 @@ relay-events: $(STAMP)  ## gateway CPU per relayed event, tokens arriving one by
 
 .PHONY: bench-flow
 bench-flow: $(STAMP)  ## flow control: interactive TTFT under a batch-agent flood, off vs on (ARGS=...)
-	$(BIN)/python -m loadtests.bench_flow_control --plot loadtests/results/bench_flow_control.png $(ARGS)
+	$(BIN)/python -m loadtests.bench_flow_control --plot docs/img/bench_flow_control.png $(ARGS)
 
 .PHONY: stack-test
 stack-test: $(STAMP)  ## build the image, run the compose cpu stack under Docker, check it (deploy/test-stack.sh)

@@ -40,6 +40,7 @@ from gateway.errors import GatewayError
 from gateway.handler import Endpoint
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
+from gateway.protocols.errors import ANTHROPIC_ERRORS, OPENAI_ERRORS
 from gateway.protocols.registry import (
     build_protocols,
     cancel_bus,
@@ -335,15 +336,14 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
         if session_id is None and key_id is None:
             err = GatewayError("give session_id (and, for its budget, key_id) or key_id",
                                status=400, type="invalid_request_error", param="session_id")
-            return Response(err.to_bytes(), status_code=400, media_type="application/json")
+            return _error(err)
         store = holder["state"].usage
         try:
             totals = await (store.get_session(session_id) if session_id is not None
                             else store.get_key(key_id or ""))
         except UsageStoreUnavailable:
-            err = GatewayError("usage store unavailable", status=503, code="state_unavailable")
-            return Response(err.to_bytes(), status_code=503, media_type="application/json",
-                            headers={"retry-after": "5"})
+            return _error(GatewayError("usage store unavailable", status=503,
+                                       code="state_unavailable", retry_after_s=5))
         scope: dict[str, Any] = (
             {"session_id": session_id} if session_id is not None else {"key_id": key_id}
         )
@@ -357,20 +357,27 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """No route (404) or no such method (405), in the API's own shape: a path the gateway
+        cannot serve is OpenAI's ``Invalid URL (METHOD /path)`` (Anthropic's
+        ``not_found_error`` under ``/v1/messages``), so clients fall back."""
         status = exc.status_code
+        path = request.url.path
+        message = (f"Invalid URL ({request.method} {path})" if status == 404
+                   else str(exc.detail))
         err = GatewayError(
-            str(exc.detail),
+            message,
             status=status,
             type="invalid_request_error" if status < 500 else "server_error",
             code={404: "not_found", 405: "method_not_allowed"}.get(status),
         )
-        return Response(err.to_bytes(), status_code=status, media_type="application/json",
-                        headers=dict(exc.headers or {}))
+        shape = ANTHROPIC_ERRORS if path.startswith("/v1/messages") else OPENAI_ERRORS
+        headers = {k.decode(): v.decode() for k, v in shape.headers(err)}
+        return Response(shape.body(err, request_id(request.scope)), status_code=status,
+                        media_type="application/json", headers=headers | dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-        err = GatewayError(str(exc), status=400, type="invalid_request_error")
-        return Response(err.to_bytes(), status_code=400, media_type="application/json")
+        return _error(GatewayError(str(exc), status=400, type="invalid_request_error"))
 
     if console is not None:  # GET /console, /v1/console/state and the / redirect
         install_console(app, ConsoleSources(

@@ -9,6 +9,7 @@ import secrets
 from types import TracebackType
 from typing import Any
 
+from gateway.common.body_codings import body_decoder
 from gateway.errors import (
     BodyTooLarge,
     ClientTimeout,
@@ -36,8 +37,14 @@ def header(scope: Scope, name: bytes) -> str | None:
 async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
     """Read the whole request body, refusing more than ``limit`` bytes.
 
-    Raises ``UnsupportedMediaType`` (415) unless the content type is ``application/json``,
-    ``BodyTooLarge`` (413) as soon as the body (or its ``Content-Length``) exceeds ``limit``,
+    A ``Content-Encoding`` body (gzip, deflate, br, zstd) is decoded as it arrives, the decoded
+    size bounded by ``limit`` too (``gateway.common.body_codings``); the bytes returned are the
+    decoded body.
+
+    Raises ``UnsupportedMediaType`` (415) unless the content type is ``application/json`` or for
+    an unsupported coding, ``BodyTooLarge`` (413) as soon as the body (or its
+    ``Content-Length``, or its decoded size) exceeds ``limit``, ``InvalidRequest`` (400) for a
+    corrupt coded body,
     ``InvalidRequest`` (400) for an empty body, ``ClientDisconnected`` if the client leaves,
     ``ClientTimeout`` (408) if the connection guard cut it for sending the body too slowly.
     """
@@ -46,6 +53,7 @@ async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
         raise UnsupportedMediaType(
             "Content-Type must be application/json", param="content-type"
         )
+    decoder = body_decoder(header(scope, b"content-encoding"), limit)
     length = header(scope, b"content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise BodyTooLarge(f"request body of {length} bytes exceeds the limit of {limit} bytes")
@@ -62,9 +70,11 @@ async def read_body(scope: Scope, receive: Any, limit: int) -> bytes:
             size += len(chunk)
             if size > limit:
                 raise BodyTooLarge(f"request body exceeds the limit of {limit} bytes")
-            parts.append(chunk)
+            parts.append(chunk if decoder is None else decoder.feed(chunk))
         if not msg.get("more_body", False):
             break
+    if decoder is not None and size:
+        parts.append(decoder.finish())
     if not size:
         raise InvalidRequest("request body is empty", code="invalid_json")
     return parts[0] if len(parts) == 1 else b"".join(parts)

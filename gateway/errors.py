@@ -58,10 +58,37 @@ class GatewayError(Exception):
         return orjson.dumps(self.body())
 
     def headers(self) -> dict[str, str]:
-        """Extra response headers (``Retry-After`` in whole seconds, rounded up)."""
-        if self.retry_after_s is None:
-            return {}
-        return {"retry-after": str(max(1, int(-(-self.retry_after_s // 1))))}
+        """Extra response headers: ``Retry-After`` in whole seconds, rounded up, and
+        ``x-should-retry`` (:func:`should_retry`) of this error's status."""
+        out: dict[str, str] = {}
+        if self.retry_after_s is not None:
+            out["retry-after"] = str(max(1, int(-(-self.retry_after_s // 1))))
+        hint = should_retry(self.status, self.retry_after_s is not None)
+        if hint is not None:
+            out[SHOULD_RETRY] = hint
+        return out
+
+
+#: The retry hint the Stainless-generated SDKs (``openai``, ``anthropic``) obey before their
+#: own status rules (``_base_client.py``, ``_should_retry``: ``"true"`` retries, ``"false"``
+#: does not; else 408, 409, 429 and 5xx are retried).
+SHOULD_RETRY = "x-should-retry"
+#: 4xx statuses a client may retry (a timeout, a lock, a rate limit): the SDKs' own rule.
+_RETRYABLE_4XX = frozenset({408, 409, 429})
+
+
+def should_retry(status: int, has_retry_after: bool) -> str | None:
+    """``x-should-retry`` for an error answer of ``status``: ``"false"`` for a client error the
+    same request repeats (400, 401, 403, 404, 405, 413, 415, 422...: every 4xx but 408, 409 and
+    429), ``"true"`` for 429, for 503 with a ``Retry-After`` (the gateway knows when capacity
+    comes back) and for 529 (Anthropic's overloaded), None otherwise (other 5xx: the SDKs'
+    own rule retries them). A budget refusal (429 that no retry cures) sets ``"false"`` itself
+    (``gateway.admit.budget.BudgetExceeded``)."""
+    if 400 <= status < 500:
+        return "true" if status == 429 else (None if status in _RETRYABLE_4XX else "false")
+    if status == 529 or (status == 503 and has_retry_after):
+        return "true"
+    return None
 
 
 class InvalidRequest(GatewayError):

@@ -24,8 +24,8 @@ from gateway.admit.gate import Gate
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.params import check_sampling_params
 from gateway.admit.ratelimit import Reservation
+from gateway.admit.session import body_session, header_session
 from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, read_body
-from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.config import Prices
 from gateway.errors import GatewayError
@@ -69,7 +69,7 @@ class Endpoint:
             path=protocol.path,
             operation=protocol.operation,
         )
-        rec.session_id = session_id_of(scope)
+        rec.session_id, rec.session_src = header_session(scope)
         trace = state.telemetry.start_request(
             scope["headers"], protocol.operation, protocol.span_attributes()
         )
@@ -89,6 +89,8 @@ class Endpoint:
             raw_size = len(raw)
             body = protocol.parse(raw)
             check_json_shape(body.doc, state.config.server.max_json_depth)
+            if rec.session_id is None:  # no session header: the body's prompt_cache_key
+                rec.session_id, rec.session_src = body_session(body.doc)
             if protocol.operation in ("chat", "text_completion"):
                 # a client's mistake never reaches a replica
                 check_sampling_params(body.doc, protocol.operation)
@@ -299,13 +301,6 @@ class Endpoint:
         if rec.queue_wait_s is not None:  # waited in the gateway queue of a saturated pool
             out.append((b"x-speedgate-queue-wait-s", f"{rec.queue_wait_s:.4f}".encode()))
         return out
-
-
-def session_id_of(scope: Scope) -> str | None:
-    """The request's ``x-session-id``, a long one as its fixed-size digest (``bounded_id``): what
-    the routing tables, the ledger, the auto tier, usage totals and the logs keep."""
-    raw = header(scope, b"x-session-id")
-    return bounded_id(raw) if raw is not None else None
 
 
 async def send_json(

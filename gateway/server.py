@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from gateway import __version__
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, ServerConfig
 
 
 class _GraceExpiredIsAWarning(logging.Filter):
@@ -57,21 +57,45 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def raise_fd_limit(max_connections: int) -> None:
-    """Raise the soft ``RLIMIT_NOFILE`` so ``max_connections`` clients (each may hold an engine
-    connection too) fit: to ``2 × max_connections + 256`` or the hard limit, whichever is lower.
-    A cap the limit cannot fit is logged (connections then fail at accept before the cap)."""
-    if max_connections <= 0:
-        return
-    want = 2 * max_connections + 256
+#: File descriptors kept for everything but client connections and their engine connections
+#: (listening socket, log files, Redis, health probes, the tokenizer's files).
+FD_RESERVE = 256
+
+
+def raise_fd_limit(server: ServerConfig) -> ServerConfig:
+    """Raise the soft ``RLIMIT_NOFILE`` so ``server.max_connections`` clients fit, each with an
+    engine connection: to ``2 × max_connections + FD_RESERVE`` descriptors, or the hard limit
+    when that is lower. Returns the server config to serve with.
+
+    Where the hard limit cannot fit the cap: a cap left at its default is sized from the limit,
+    ``(limit − FD_RESERVE) // 2`` connections (logged at INFO; a default start is clean), and
+    the config returned carries it; a cap the operator set is kept and a WARNING says the limit
+    is too low (connections then fail at accept before the cap). ``max_connections: 0`` (no
+    cap) changes nothing. Raises ``OSError`` only if the kernel refuses a raise within the hard
+    limit, which ``setrlimit(2)`` does not do for an unprivileged process.
+    """
+    if server.max_connections <= 0:
+        return server
+    want = 2 * server.max_connections + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return server
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if target > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    if target < want:
-        logging.getLogger("speedgate.server").warning(
-            "file descriptor limit %d is below the %d that server.max_connections=%d needs",
-            target, want, max_connections)
+    else:
+        target = soft  # never lower a limit the operator raised
+    if target >= want:
+        return server
+    log = logging.getLogger("speedgate.server")
+    if "max_connections" in server.model_fields_set:
+        log.warning("file descriptor limit %d is below the %d that server.max_connections=%d "
+                    "needs", target, want, server.max_connections)
+        return server
+    fit = max(1, (target - FD_RESERVE) // 2)
+    log.info("server.max_connections %d (default %d) to fit the file descriptor limit %d",
+             fit, server.max_connections, target)
+    return server.model_copy(update={"max_connections": fit})
 
 
 def startup_summary(config: GatewayConfig, port: int) -> str:
@@ -114,10 +138,11 @@ def run_server(
     from gateway.app import create_app
     from gateway.telemetry.access_log import configure_access_log
 
-    srv = config.server
-    _configure_logging(srv.log_level)
+    _configure_logging(config.server.log_level)
     configure_access_log(config.telemetry.access_log_format)
-    raise_fd_limit(srv.max_connections)
+    srv = raise_fd_limit(config.server)
+    if srv is not config.server:  # the cap sized from the fd limit: served with it
+        config = config.model_copy(update={"server": srv})
     sock = bind_listener(srv.host, srv.port)
     port = int(sock.getsockname()[1])
     print(startup_summary(config, port), file=sys.stderr, flush=True)
@@ -140,6 +165,9 @@ def run_server(
     try:
         if srv.workers > 1 and config_path is not None:
             os.environ["SPEEDGATE_CONFIG"] = os.path.abspath(config_path)
+            # each worker loads the file itself; the environment overrides it with the cap
+            # sized from the descriptor limit (or the same value, when it fits)
+            os.environ["SPEEDGATE_SERVER__MAX_CONNECTIONS"] = str(srv.max_connections)
             ucfg = uvicorn.Config(
                 "gateway.app:create_app_from_env", factory=True, workers=srv.workers, **common
             )

@@ -26,7 +26,7 @@ measured by the client on streaming requests; engine delays are × time-scale), 
 (requests served per replica, from ``vllm:request_success``). ``--json``: one JSON object keyed
 by policy. ``--small``: a 4-replica quick run (``make test`` uses it).
 
-    python -m loadtests.bench_affinity            # the README table
+    python -m loadtests.bench_affinity            # the table in docs/benchmarks.md
     python -m loadtests.bench_affinity --small --policies round-robin,ours --json
 """
 

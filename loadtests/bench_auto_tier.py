@@ -23,7 +23,7 @@ Reported per cell: requests, output tokens/s per request (mean of (completion to
 mean (s), TTFT p50/p95 (s), share served fast, errors, auto reasons. All times are client-side,
 engine delays × time-scale. ``--json``: one JSON object. ``--small``: the ``make test`` version.
 
-    python -m loadtests.bench_auto_tier            # the README table
+    python -m loadtests.bench_auto_tier            # the table in docs/benchmarks.md
     python -m loadtests.bench_auto_tier --small --json
 """
 

@@ -36,7 +36,7 @@ deadline mid-answer; the engines' mean running and waiting sequences; hung reque
 longest gateway-queue wait of a batch request (``x-speedgate-queue-wait-s``). ``--plot PATH``:
 TTFT by band over time, off vs on. ``--json``: one JSON object (without the raw samples).
 
-    python -m loadtests.bench_flow_control --plot loadtests/results/bench_flow_control.png
+    python -m loadtests.bench_flow_control --plot docs/img/bench_flow_control.png
     python -m loadtests.bench_flow_control --small --json
 """
 

@@ -81,7 +81,8 @@ async def models(request: web.Request) -> web.Response:
 
 async def tokenize(request: web.Request) -> web.Response:
     """``POST /tokenize`` (vLLM's, ``vllm/entrypoints/serve/tokenize``): ``{"prompt": str}``
-    or ``{"messages": [...]}`` (rendered as the chat endpoints render them) -> ``{"count",
+    or ``{"messages": [...], "tools"?: [...]}`` (rendered as the chat endpoints render them,
+    tools after the messages) -> ``{"count",
     "max_model_len", "tokens", "token_strs"}``, counted by the simulator's tokenizer
     (``textgen.tokenize``: the tokens its generated text is made of); ids are CRC32s of the
     token strings modulo 2**17. A ``model`` other than the served one is vLLM's 404."""
@@ -106,6 +107,8 @@ async def tokenize(request: web.Request) -> web.Response:
     else:
         return error_response(st, None, 400, "'prompt' (a string) or 'messages' is required",
                               param="prompt")
+    if isinstance(body.get("tools"), list) and body["tools"]:  # vLLM renders them in the
+        text += orjson.dumps(body["tools"]).decode()  # chat template: they count
     tokens = textgen_tokenize(text)
     return _json({
         "count": len(tokens), "max_model_len": st.config.max_model_len,

@@ -71,7 +71,7 @@ class RetryConfig(_Strict):
 
 
 class ResumeConfig(_Strict):
-    """Mid-stream resume (README, "Guarantees"): a stream that breaks after content reached
+    """Mid-stream resume (docs/resilience.md): a stream that breaks after content reached
     the client continues on another replica (same pool first, then along the fallback chain)
     from the text already relayed, spliced into the same client stream. ``enabled`` false: a
     break of this pool's stream ends with one in-band error event, and this pool never

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.errors import GatewayError
+from gateway.errors import SHOULD_RETRY, GatewayError, should_retry
 from gateway.relay.sse import encode_event
 
 _ANTHROPIC_TYPES = {
@@ -50,8 +50,16 @@ class ErrorShape:
         return err.to_bytes()
 
     def headers(self, err: GatewayError) -> list[tuple[bytes, bytes]]:
-        """Extra response headers of ``err`` (``Retry-After``)."""
-        return [(k.encode(), v.encode()) for k, v in err.headers().items()]
+        """Extra response headers of ``err`` (``Retry-After``; ``x-should-retry`` of the status
+        this API answers, e.g. Anthropic's 529 for the gateway's 503)."""
+        out = err.headers()
+        status = self.status(err)
+        if status != err.status:  # the hint of the status this API answers
+            out.pop(SHOULD_RETRY, None)
+            hint = should_retry(status, err.retry_after_s is not None)
+            if hint is not None:
+                out[SHOULD_RETRY] = hint
+        return [(k.encode(), v.encode()) for k, v in out.items()]
 
     def event(self, err: GatewayError, sequence_number: int) -> bytes:
         """One in-band SSE error event; ``sequence_number`` is the event's place in a stream

@@ -2,10 +2,18 @@
 
 Request: ``model``, ``messages`` (``role`` + string or content blocks: ``text``, ``image``,
 ``tool_use``, ``tool_result``, ``thinking``), ``max_tokens`` (required), ``system``, ``tools``,
-``stream``; Anthropic's ``service_tier`` (``auto`` | ``standard_only``) is the tier hint:
-``standard_only`` → standard, ``auto`` → the model's default (Anthropic API reference,
-"Messages": ``auto`` uses priority capacity when available, which is the deployment's default
-choice here). Owned field: ``model``. Clients authenticate with ``x-api-key`` (or Bearer).
+``stream``. ``role: "system"`` entries may stand anywhere in ``messages`` (Claude Code sends its
+agent lists and notices that way); they are forwarded in place, byte for byte: vLLM 0.32's
+``AnthropicMessage.role`` is ``user | assistant | system`` and its conversion places each one
+without rewriting earlier turns, so the engine's prefix cache still hits. **Fields the gateway
+does not own are forwarded untouched** (``thinking`` of any type, ``context_management``,
+``output_config``, ``metadata``, future ones): the gateway refuses only what it reads; the
+engine ignores what its schema does not know (vLLM's request models ignore extra fields). The
+``?beta=true`` query and the ``anthropic-beta`` header change nothing. Anthropic's
+``service_tier`` (``auto`` | ``standard_only``) is the tier hint: ``standard_only`` →
+standard, ``auto`` → the model's default (Anthropic API reference, "Messages": ``auto`` uses
+priority capacity when available, which is the deployment's default choice here).
+Owned field: ``model``. Clients authenticate with ``x-api-key`` (or Bearer).
 
 Stream (Anthropic API reference, "Streaming messages"; vLLM 0.32
 ``entrypoints/anthropic/serving.py``): typed events ``message_start``, ``content_block_start``,
@@ -48,6 +56,7 @@ from gateway.relay.body import ParsedBody, splice_model
 from gateway.relay.sse import SSEEvent
 
 ANTHROPIC_SERVICE_TIERS: dict[str, str | None] = {"standard_only": "default", "auto": None}
+_ROLES = ("user", "assistant", "system")
 _USAGE_FIELDS = (
     "input_tokens",
     "output_tokens",
@@ -79,8 +88,9 @@ def _text(content: Any) -> str:
 
 def chat_view(doc: dict[str, Any]) -> dict[str, Any]:
     """The request as a chat-completions conversation (routing keys, token estimates): the
-    ``system`` prompt first, ``tool_use`` blocks as ``tool_calls``, ``tool_result`` blocks as
-    ``tool`` messages, text and thinking as text parts (images are not counted)."""
+    ``system`` prompt first, ``system`` entries of ``messages`` as system messages in place,
+    ``tool_use`` blocks as ``tool_calls``, ``tool_result`` blocks as ``tool`` messages, text and
+    thinking as text parts (images are not counted); ``tools`` as they are."""
     messages: list[dict[str, Any]] = []
     system = _text(doc.get("system"))
     if system:
@@ -134,8 +144,8 @@ def _is_content(value: object) -> bool:
 
 def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
     """Parse and validate an Anthropic Messages body the way Anthropic's API refuses it
-    (``model``; non-empty ``messages`` of objects with role ``user``/``assistant`` and string or
-    block content; ``system`` a string or text blocks; ``tools`` an array of objects;
+    (``model``; non-empty ``messages`` of objects with role ``user``/``assistant``/``system`` and
+    string or block content; ``system`` a string or text blocks; ``tools`` an array of objects;
     ``max_tokens`` an integer ≥ 1, required when ``need_max_tokens``; ``stream`` boolean;
     ``service_tier``), so a client's mistake never reaches, crashes or counts against a replica.
     Raises ``InvalidRequest`` (400) naming the field."""
@@ -156,9 +166,9 @@ def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
     if not isinstance(msgs, list) or not msgs:
         raise InvalidRequest("messages: must be a non-empty array", param="messages")
     for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
             raise InvalidRequest(
-                f"messages.{i}: must be an object with role 'user' or 'assistant'",
+                f"messages.{i}: must be an object with role 'user', 'assistant' or 'system'",
                 param=f"messages.{i}",
             )
         if not _is_content(m.get("content")):

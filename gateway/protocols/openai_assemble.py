@@ -1,7 +1,7 @@
 """JSON answers of chat and completions requests assembled from an upstream stream.
 
-The gateway asks the engine to stream every chat and completions request (README, "Timeouts,
-retries, fallbacks"), so a non-streaming request gets the same staged timeouts (TTFT, stall),
+The gateway asks the engine to stream every chat and completions request (docs/resilience.md),
+so a non-streaming request gets the same staged timeouts (TTFT, stall),
 retries and mid-stream resume as a stream. ``AssemblyCodec`` lets the events pass without
 parsing them (a byte check finds a malformed or error event); at the end one parse of all the
 payloads builds the response the engine would have sent for the non-stream request: vLLM's

@@ -13,6 +13,7 @@ from gateway.protocols.response_store import (
 )
 from gateway.protocols.responses import ResponsesProtocol
 from gateway.protocols.responses_cancel import CancelBus
+from gateway.protocols.responses_tokens import InputTokensProtocol
 
 
 def response_store(config: GatewayConfig) -> ResponseStore:
@@ -36,10 +37,12 @@ def response_store(config: GatewayConfig) -> ResponseStore:
 
 def build_protocols(store: ResponseStore) -> dict[str, Protocol]:
     """Every served protocol by its path; the Responses protocol keeps its state in ``store``."""
+    responses = ResponsesProtocol(store)
     protocols: list[Protocol] = [
         ChatProtocol(),
         CompletionsProtocol(),
-        ResponsesProtocol(store),
+        responses,
+        InputTokensProtocol(responses),
         MessagesProtocol(),
         CountTokensProtocol(),
     ]

@@ -1,6 +1,11 @@
 """The Responses API's routes besides ``POST /v1/responses`` (ordinary FastAPI routes, OpenAI
-error shape): ``GET`` and ``DELETE /v1/responses/{id}`` and ``POST
-/v1/responses/{id}/cancel``, each for the API key that made the response."""
+error shape): ``GET`` and ``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``
+and ``POST /v1/responses/{id}/cancel``, each for the API key that made the response.
+
+``{id}`` matches only the gateway's response ids (``resp_`` + id characters, the
+``response_id`` path convertor), so a fixed sub-path (``/v1/responses/input_tokens``,
+``/v1/responses/compact``, any future one) never matches it: it is served by its own route, or
+is the API's 404, never a 405 from a route of another method."""
 
 from __future__ import annotations
 
@@ -9,15 +14,32 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import GatewayError
+from gateway.protocols.responses_input_list import list_page, parse_limit
 from gateway.protocols.responses_state import ResponsesState
 
 
 def _answer(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
     return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+class ResponseIdConvertor(Convertor[str]):
+    """A path segment that is a gateway response id: ``resp_`` then id characters."""
+
+    regex = "resp_[A-Za-z0-9_-]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("response_id", ResponseIdConvertor())
 
 
 def add_response_routes(
@@ -30,7 +52,19 @@ def add_response_routes(
         key = authenticate(request.scope)
         return key.id if key is not None else None
 
-    @app.get("/v1/responses/{response_id}")
+    @app.get("/v1/responses/{response_id:response_id}/input_items")
+    async def list_input_items(request: Request, response_id: str) -> Response:
+        """The input items of a stored response (``responses_input_list``)."""
+        q = request.query_params
+        try:
+            limit = parse_limit(q.get("limit"))
+            items = await state.input_items(response_id, key_id(request))
+            page = list_page(items, after=q.get("after"), limit=limit, order=q.get("order"))
+            return _answer(200, orjson.dumps(page))
+        except GatewayError as e:
+            return _answer(e.status, e.to_bytes(), e.headers())
+
+    @app.get("/v1/responses/{response_id:response_id}")
     async def retrieve_response(request: Request, response_id: str) -> Response:
         """A stored response (``store`` true), for the key that made it."""
         try:
@@ -38,7 +72,7 @@ def add_response_routes(
         except GatewayError as e:
             return _answer(e.status, e.to_bytes(), e.headers())
 
-    @app.delete("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id:response_id}")
     async def delete_response(request: Request, response_id: str) -> Response:
         """Delete a stored response: ``{"id", "object": "response.deleted", "deleted": true}``."""
         try:
@@ -46,7 +80,7 @@ def add_response_routes(
         except GatewayError as e:
             return _answer(e.status, e.to_bytes(), e.headers())
 
-    @app.post("/v1/responses/{response_id}/cancel")
+    @app.post("/v1/responses/{response_id:response_id}/cancel")
     async def cancel_response(request: Request, response_id: str) -> Response:
         """Cancel a response running on this gateway process (its replica is told, the
         generation aborted)."""

@@ -32,6 +32,7 @@ from gateway.errors import GatewayError, InvalidRequest
 from gateway.protocols.base import Running
 from gateway.protocols.response_store import ResponseStore, StoreUnavailable
 from gateway.protocols.responses_cancel import CancelBus
+from gateway.protocols.responses_input_list import listed_item
 from gateway.protocols.responses_items import chat_view
 from gateway.relay.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
@@ -221,6 +222,25 @@ class ResponsesState:
             return flight.object("in_progress")
         response: dict[str, Any] = (await self._record(response_id, key_id))["response"]
         return response
+
+    async def input_items(self, response_id: str, key_id: str | None) -> list[dict[str, Any]]:
+        """``GET /v1/responses/{id}/input_items``: every input item the engine saw for a stored
+        response, oldest first (earlier turns' inputs and outputs, then its own input), shaped
+        by ``responses_input_list.listed_item``; 404 ``ResponseNotFound``, 503
+        ``StateUnavailable``."""
+        rec = await self._record(response_id, key_id)
+        try:
+            earlier = await self.store.get_many(list(rec.get("chain") or ()))
+        except StoreUnavailable as e:
+            raise StateUnavailable(str(e), retry_after_s=1) from None
+        out: list[dict[str, Any]] = []
+        for r in earlier:
+            if r is None:  # an expired turn of the chain: what is left is still listed
+                continue
+            items = [*(r.get("items") or ()), *(r.get("output") or ())]
+            out += [listed_item(item, r["id"], i) for i, item in enumerate(items)]
+        out += [listed_item(item, response_id, i) for i, item in enumerate(rec.get("items") or ())]
+        return out
 
     async def delete(self, response_id: str, key_id: str | None) -> dict[str, Any]:
         """``DELETE /v1/responses/{id}``: ``{"id", "object": "response.deleted", "deleted"}``."""

@@ -1,6 +1,6 @@
 """A non-stream (JSON) answer assembled from the engine's stream: relayed through the protocol's
 assembler with mid-stream resume, and, since nothing reached the client yet, never lost to a
-break that cannot be resumed (README "Guarantees").
+break that cannot be resumed (docs/resilience.md, "Guarantees").
 
 After a break the gateway continues the stream when the rules allow (``relay_resumable``). When
 they do not (``n > 1``, a tool call under way, ``echo``, ``max_resumes`` spent, a structured

@@ -1,5 +1,5 @@
 """Relay with mid-stream resume: a stream that breaks after content reached the client continues
-on another replica, spliced into the same client stream (README "Guarantees").
+on another replica, spliced into the same client stream (docs/resilience.md, "Guarantees").
 
 An unbroken stream costs what ``relay_events`` costs: nothing is parsed or accumulated on the
 way; ``relayed`` (references to the raw payloads sent) is read only after a break, by the

@@ -47,13 +47,14 @@ def log_request(rec: RequestRecord) -> None:
         return
     u = rec.usage
     access_log.info(
-        "request_id=%s key_id=%s session_id=%s path=%s model=%s tier_asked=%s tier=%s "
-        "fallback=%s replica=%s stream=%s "
+        "request_id=%s key_id=%s session_id=%s session_src=%s path=%s model=%s tier_asked=%s "
+        "tier=%s fallback=%s replica=%s stream=%s "
         "attempts=%d resumes=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
         "completion_tokens=%s usage_estimated=%s cost_usd=%s ttft_s=%s e2e_s=%.4f",
         quote_value(rec.request_id),
         quote_value(rec.key_id),
         quote_value(rec.session_id),
+        quote_value(rec.session_src),
         quote_value(rec.path),
         quote_value(rec.model),
         quote_value(rec.asked_tier),
@@ -88,6 +89,7 @@ def access_fields(rec: RequestRecord) -> dict[str, Any]:
         "trace_id": rec.trace_id,
         "key_id": rec.key_id,
         "session_id": rec.session_id,
+        "session_src": rec.session_src,
         "path": rec.path,
         "model": rec.model,
         "tier_asked": rec.asked_tier,

@@ -38,6 +38,7 @@ class RequestRecord:
     # Telemetry (issue 5). ``key_id``: the API key's id or name, never the key itself.
     key_id: str | None = None
     session_id: str | None = None
+    session_src: str | None = None  # where session_id came from (gateway.admit.session)
     queue_s: float | None = None  # arrival → first upstream attempt sent
     usage_estimated: bool = False  # usage counted by the gateway (tiktoken), not the engine
     cost_usd: float | None = None

@@ -146,7 +146,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     }
     if attempt.extra_headers:
         headers.update(attempt.extra_headers)
-    url = attempt.replica.url + attempt.protocol.path
+    url = attempt.replica.url + (attempt.protocol.upstream_path or attempt.protocol.path)
     attempt.replica.inflight += 1
     resp: UpstreamResponse | None = None
     try:

@@ -1,7 +1,7 @@
 """The HTTP client to the engines, behind one small interface.
 
 aiohttp was measured faster than httpx as the upstream client under concurrency (see
-``loadtests/bench_http_clients.py`` and the README), so it is the one used. One pooled session
+``loadtests/bench_http_clients.py``, docs/benchmarks.md), so it is the one used. One pooled session
 per gateway process; connections to replicas are reused (keep-alive). Closing an
 ``UpstreamResponse`` before its end closes the TCP connection, which makes vLLM abort the
 generation (vLLM frees a request when its client disconnects). Every request asks for

@@ -1,5 +1,5 @@
 """Open the continuation of a stream that broke after content reached the client (mid-stream
-resume, README "Guarantees"): the same pool first, then the pools after it in the plan's
+resume, docs/resilience.md): the same pool first, then the pools after it in the plan's
 fallback chain; never a replica that already failed this request; within the request's
 deadline, waiting for a slot when every usable replica is saturated; pools with
 ``resume.enabled: false`` skipped. Continuations are bounded by

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -34,16 +35,33 @@ def _alive(pid: int) -> bool:
         return f.read().split()[2] != "Z"
 
 
+#: A descriptor limit too low for the default ``server.max_connections`` (10,000 needs 20,256):
+#: the demo raises the soft limit to the hard one and sizes its cap to fit, without a warning.
+LOW_NOFILE = (1024, 4096)
+
+
+def _low_fd_limit_child() -> None:
+    die_with_parent()
+    resource.setrlimit(resource.RLIMIT_NOFILE, LOW_NOFILE)
+
+
+def _soft_nofile(pid: int) -> int:
+    with open(f"/proc/{pid}/limits") as f:
+        line = next(ln for ln in f if ln.startswith("Max open files"))
+    return int(line.split()[3])
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_demo_serves_and_stops_cleanly(sig: signal.Signals, tmp_path):
     port_file = tmp_path / "port"
+    stderr = (tmp_path / "stderr").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "demo", "--port", "0", "--port-file", str(port_file),
          "--replicas", "1", "--time-scale", "0.01"],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
         text=True,
-        preexec_fn=die_with_parent,
+        preexec_fn=_low_fd_limit_child,
     )
     try:
         port = wait_port_file(port_file, proc, timeout_s=60)  # the port the demo bound itself
@@ -65,6 +83,11 @@ def test_demo_serves_and_stops_cleanly(sig: signal.Signals, tmp_path):
         )
         assert r.headers["x-speedgate-tier"] == "fast"
         assert r.parse().choices[0].message.content
+        # a default start is clean: the soft limit raised to the hard one, no WARNING logged
+        assert _soft_nofile(proc.pid) == LOW_NOFILE[1]
+        stderr.seek(0)
+        started = stderr.read()
+        assert "WARNING" not in started and "ERROR" not in started, started
         proc.send_signal(sig)
         assert proc.wait(timeout=20) == 0
         out = proc.stdout.read() if proc.stdout else ""
@@ -75,6 +98,7 @@ def test_demo_serves_and_stops_cleanly(sig: signal.Signals, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        stderr.close()
 
 
 # --- issue 13 item 5: the newcomer's first minutes ---------------------------------------------

@@ -33,7 +33,7 @@ def test_non_json_and_5xx():
 def test_error_shape_and_retry_after():
     e = NoHealthyReplica("none", retry_after_s=1.2)
     assert set(e.body()["error"]) == {"message", "type", "param", "code"}
-    assert e.status == 503 and e.headers() == {"retry-after": "2"}
+    assert e.status == 503 and e.headers() == {"retry-after": "2", "x-should-retry": "true"}
     assert BodyTooLarge("x").status == 413
 
 

@@ -229,7 +229,8 @@ def test_anthropic_error_shapes(err, status, kind):
     assert doc == {"type": "error", "error": {"type": kind, "message": err.message},
                    "request_id": "req-1"}
     if err.retry_after_s:
-        assert ANTHROPIC_ERRORS.headers(err) == [(b"retry-after", b"1")]
+        assert ANTHROPIC_ERRORS.headers(err) == [(b"retry-after", b"1"),
+                                                 (b"x-should-retry", b"true")]
 
 
 def test_responses_errors_keep_the_openai_body():

@@ -137,7 +137,7 @@ def test_chat_echo_is_not_resumed() -> None:
 
 
 # Usage is the sum of the attempts: both generated the healed tail, so a length-limited
-# answer reports max_tokens plus the tail's tokens (README "Token healing").
+# answer reports max_tokens plus the tail's tokens (docs/resilience.md, "Token healing").
 def test_summed_completion_tokens_count_the_tail_twice() -> None:
     body = chat_body(max_tokens=20, stream_options={"include_usage": True})
     relayed = [chunk({"content": "one two three four five six seven eight nine"})]

@@ -1,33 +1,30 @@
-"""The Grafana dashboard and the Prometheus scrape config: they load, and every PromQL query
-names metrics (and labels) the gateway really exports."""
+"""The one Grafana dashboard and the one Prometheus config: they load, and every PromQL query
+names metrics (and labels) the gateway or an engine really exports (engine metrics with the
+labels the scrape config adds)."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from engines.sim.metrics import SimMetrics
 from gateway.admit.budget import SessionBudgets
 from gateway.admit.flow.control import FlowControl
 from gateway.admit.flow.metrics import register_flow_metrics
 from gateway.common.usage import Usage
-from gateway.config import load_config
+from gateway.config import ServerConfig, load_config
 from gateway.routing.pools import PoolRegistry
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.metrics import GatewayMetrics, metric_label_names
 from gateway.telemetry.record import RequestRecord
+from tests.promql import names_and_labels, queries
 
 ROOT = Path(__file__).resolve().parents[3]
-DASHBOARD = ROOT / "deploy/grafana/speedgate-dashboard.json"
-SCRAPE = ROOT / "deploy/prometheus/prometheus.yml"
-
-PROMQL_WORDS = {
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-    "unless", "offset", "inf", "nan",
-}
-IDENT = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-
+DASHBOARD = ROOT / "deploy/observability/grafana/dashboards/speedgate.json"
+SCRAPE = ROOT / "deploy/observability/prometheus.yml"
+#: Labels Prometheus itself puts on every scraped sample.
+TARGET_LABELS = {"instance", "job"}
 
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
@@ -64,44 +61,24 @@ def exported() -> dict[str, set[str]]:
     m.record_retry(fast, "connect-error")
     m.record_fallback("m", "fast", "standard")
     m.record_timeout(fast, "ttft")
-    return metric_label_names(m.registry)
+    names = metric_label_names(m.registry)
+    # the engines' metrics (vLLM's names, as the simulator exports them), with the labels the
+    # scrape config's relabelling adds (`tier`) and Prometheus' own
+    sim = SimMetrics("m", speculative=True)
+    sim.finished("stop")
+    added = TARGET_LABELS | {r["target_label"] for j in _scrape()["scrape_configs"]
+                             for r in j.get("relabel_configs", []) if "target_label" in r}
+    engine = {n: labels | added for n, labels in metric_label_names(sim.registry).items()}
+    assert not names.keys() & engine.keys()
+    return {**names, **engine}
+
+
+def _scrape() -> dict:
+    return yaml.safe_load(SCRAPE.read_text())
 
 
 def _dashboard():
     return json.loads(DASHBOARD.read_text())
-
-
-def _queries(dash) -> list[str]:
-    out = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
-    for v in dash["templating"]["list"]:
-        if v.get("type") == "query":
-            out.append(v["query"]["query"] if isinstance(v["query"], dict) else v["query"])
-    return out
-
-
-def _names_and_labels(expr: str) -> tuple[set[str], dict[str, set[str]], set[str]]:
-    """Metric names, label names used in each selector, and labels in by/without clauses."""
-    lv = re.fullmatch(rf"\s*label_values\(\s*({IDENT})\s*,\s*({IDENT})\s*\)\s*", expr)
-    if lv:  # a template variable's query
-        return {lv.group(1)}, {lv.group(1): {lv.group(2)}}, set()
-    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
-    e = re.sub(r"\[[^\]]*\]", "", e)  # range selectors [5m], [$__rate_interval]
-    grouping: set[str] = set()
-    for m in re.finditer(r"\b(?:by|without)\s*\(([^)]*)\)", e):
-        grouping |= {x.strip() for x in m.group(1).split(",") if x.strip()}
-    e = re.sub(r"\b(?:by|without)\s*\([^)]*\)", " ", e)
-    selectors: dict[str, set[str]] = {}
-    for m in re.finditer(rf"({IDENT})\s*\{{([^}}]*)\}}", e):
-        labels = set(re.findall(rf"({IDENT})\s*(?:=~|!~|!=|=)", m.group(2)))
-        selectors.setdefault(m.group(1), set()).update(labels)
-    e = re.sub(r"\{[^}]*\}", " ", e)
-    names = set()
-    for m in re.finditer(rf"(?<![\w$.]){IDENT}", e):
-        word, rest = m.group(0), e[m.end():]
-        if rest.lstrip().startswith("(") or word.lower() in PROMQL_WORDS:
-            continue  # a function call or a keyword
-        names.add(word)
-    return names, selectors, grouping
 
 
 def test_dashboard_loads_and_has_the_required_panels():
@@ -119,11 +96,11 @@ def test_dashboard_loads_and_has_the_required_panels():
 
 
 def test_every_query_names_an_exported_metric_and_label(exported):
-    queries = _queries(_dashboard())
-    assert len(queries) > 20
+    exprs = queries(_dashboard())
+    assert len(exprs) > 20
     seen: set[str] = set()
-    for expr in queries:
-        names, selectors, grouping = _names_and_labels(expr)
+    for expr in exprs:
+        names, selectors, grouping = names_and_labels(expr)
         assert names, f"no metric in {expr!r}"
         for n in names:
             assert n in exported, f"{n!r} (in {expr!r}) is not exported by the gateway"
@@ -139,21 +116,38 @@ def test_every_query_names_an_exported_metric_and_label(exported):
                  "gen_ai_client_token_usage_sum", "speedgate_cost_usd_total",
                  "speedgate_retries_total", "speedgate_replica_inflight",
                  "speedgate_queue_length", "speedgate_queue_wait_seconds_bucket",
-                 "speedgate_queue_shed_total", "speedgate_session_budget_refusals_total"):
+                 "speedgate_queue_shed_total", "speedgate_session_budget_refusals_total",
+                 # the engines' row
+                 "vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total",
+                 "vllm:spec_decode_num_accepted_tokens_total"):
         assert must in seen
 
 
 def test_the_checker_rejects_unknown_metrics_and_labels(exported):
-    names, selectors, grouping = _names_and_labels(
+    names, selectors, grouping = names_and_labels(
         'histogram_quantile(0.9, sum by (le, tier) (rate(foo_bucket{bar="x"}[5m])))')
     assert names == {"foo_bucket"} and selectors == {"foo_bucket": {"bar"}}
     assert grouping == {"le", "tier"} and "foo_bucket" not in exported
-    assert _names_and_labels("label_values(speedgate_requests_total, tier)") == (
+    assert names_and_labels("label_values(speedgate_requests_total, tier)") == (
         {"speedgate_requests_total"}, {"speedgate_requests_total": {"tier"}}, set())
 
 
-def test_scrape_config_targets_the_gateway_metrics_endpoint():
-    cfg = yaml.safe_load(SCRAPE.read_text())
-    (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "speedgate"]
-    assert job.get("metrics_path", "/metrics") == "/metrics"
-    assert job["static_configs"][0]["targets"]
+def test_scrape_config_targets_the_gateway_and_every_engine_metrics_endpoint():
+    cfg = _scrape()
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    gateway = jobs["gateway"]
+    assert gateway.get("metrics_path", "/metrics") == "/metrics"
+    (sd,) = gateway["dns_sd_configs"]
+    assert sd["names"] and sd["port"] == ServerConfig().port
+    tiers = {r["replacement"] for name, j in jobs.items() if name.startswith("engines-")
+             for r in j["relabel_configs"] if r["target_label"] == "tier"}
+    assert tiers == {"standard", "fast"}
+
+
+def test_one_dashboard_and_one_prometheus_config_under_deploy():
+    dashboards = [p for p in (ROOT / "deploy").rglob("*.json")
+                  if '"panels"' in p.read_text()]
+    assert dashboards == [DASHBOARD]
+    configs = [p for p in (ROOT / "deploy").rglob("*.y*ml") if "scrape_configs" in p.read_text()]
+    assert configs == [SCRAPE]

@@ -1,0 +1,204 @@
+"""Compressed request bodies (``Content-Encoding``), decoded incrementally within a bound.
+
+Codings (RFC 9110 §8.4.1, the IANA content-coding registry): ``gzip`` (and ``x-gzip``),
+``deflate`` (the zlib format, RFC 1950; a raw RFC 1951 stream, which some clients send under
+that name, is accepted too), ``br`` (Brotli, RFC 7932, the ``brotli`` package), ``zstd`` (RFC
+8878, the ``zstandard`` package); ``identity`` is no coding. One coding at most: a body coded
+twice, or with any other coding, is ``UnsupportedMediaType`` (415).
+
+Decoding is incremental and bounded: each received chunk is decoded as it arrives, and no
+decoder ever produces more than ``limit + 1`` bytes in total, so a small "bomb" (a few KB
+that would inflate to gigabytes) costs at most ``limit`` bytes of output and the compressed
+bytes read so far are never held: ``BodyTooLarge`` (413) as soon as the decoded size passes
+``limit``. zlib's ``decompressobj`` (``max_length``) and Brotli's ``Decompressor``
+(``output_buffer_limit``) stop at the bound themselves; zstandard's ``decompressobj`` is fed
+slices small enough that they cannot inflate past it (``ZstdDecoder``). A corrupt or truncated
+stream is ``InvalidRequest`` (400, ``invalid_encoding``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Protocol
+
+import brotli
+import zstandard
+
+from gateway.errors import BodyTooLarge, InvalidRequest, UnsupportedMediaType
+
+#: The codings accepted, as they appear in ``Content-Encoding`` (lower-case).
+CODINGS = ("gzip", "x-gzip", "deflate", "br", "zstd")
+_PIECE = 64 * 1024  # output produced per step (bytes)
+
+
+class BodyDecoder(Protocol):
+    """Decodes one body: ``feed`` each received chunk, then ``finish``; both return decoded
+    bytes and raise ``BodyTooLarge`` once the total passes the decoder's limit."""
+
+    def feed(self, data: bytes) -> bytes:
+        """Decoded bytes of the next compressed chunk ``data``."""
+        ...
+
+    def finish(self) -> bytes:
+        """The last decoded bytes; ``InvalidRequest`` when the stream is incomplete."""
+        ...
+
+
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"decoded request body exceeds the limit of {limit} bytes")
+
+
+def _corrupt(coding: str, e: Exception) -> InvalidRequest:
+    return InvalidRequest(f"request body is not valid {coding} data: {e}",
+                          code="invalid_encoding", param="content-encoding")
+
+
+class _Budget:
+    """Bytes left before the limit; ``take`` refuses past it."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.left = limit, limit
+
+    def take(self, out: bytes) -> bytes:
+        self.left -= len(out)
+        if self.left < 0:
+            raise _too_large(self.limit)
+        return out
+
+
+class ZlibDecoder:
+    """``gzip`` (every member, RFC 1952 §2.2) or ``deflate`` (zlib or raw, told by the first
+    two bytes: RFC 1950 §2.2)."""
+
+    def __init__(self, coding: str, limit: int) -> None:
+        self.coding, self.budget = coding, _Budget(limit)
+        self.obj: zlib._Decompress | None = None
+        self.head = b""
+
+    def _start(self, data: bytes) -> bytes:
+        if self.coding != "deflate":
+            self.obj = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            return data
+        self.head += data
+        if len(self.head) < 2:
+            return b""
+        cmf, flg = self.head[0], self.head[1]
+        zlib_format = cmf & 0x0F == 8 and (cmf << 8 | flg) % 31 == 0
+        self.obj = zlib.decompressobj(zlib.MAX_WBITS if zlib_format else -zlib.MAX_WBITS)
+        data, self.head = self.head, b""
+        return data
+
+    def feed(self, data: bytes) -> bytes:
+        if self.obj is None:
+            data = self._start(data)
+            if self.obj is None:
+                return b""
+        obj, parts = self.obj, []
+        try:
+            while data:
+                # never more than the bytes left + 1: past that the body is refused anyway
+                out = obj.decompress(data, min(_PIECE, self.budget.left + 1))
+                parts.append(self.budget.take(out))
+                data = obj.unconsumed_tail
+                if obj.eof:
+                    data = obj.unused_data
+                    if not data or self.coding != "gzip":
+                        break
+                    obj = self.obj = zlib.decompressobj(16 + zlib.MAX_WBITS)  # next member
+        except zlib.error as e:
+            raise _corrupt(self.coding, e) from None
+        return b"".join(parts)
+
+    def finish(self) -> bytes:
+        if self.obj is None:
+            raise _corrupt(self.coding, ValueError("stream too short"))
+        if not self.obj.eof:
+            raise _corrupt(self.coding, ValueError("stream truncated"))
+        return b""
+
+
+class BrotliDecoder:
+    """``br`` with Brotli's own output bound (``output_buffer_limit``, brotli ≥ 1.1)."""
+
+    def __init__(self, limit: int) -> None:
+        self.obj, self.budget = brotli.Decompressor(), _Budget(limit)
+
+    def feed(self, data: bytes) -> bytes:
+        obj, parts = self.obj, []
+        try:
+            out = obj.process(data, output_buffer_limit=min(_PIECE, self.budget.left + 1))
+            parts.append(self.budget.take(out))
+            while not obj.can_accept_more_data():  # more output is pending for this input
+                out = obj.process(b"", output_buffer_limit=min(_PIECE, self.budget.left + 1))
+                parts.append(self.budget.take(out))
+        except brotli.error as e:
+            raise _corrupt("br", e) from None
+        return b"".join(parts)
+
+    def finish(self) -> bytes:
+        if not self.obj.is_finished():
+            raise _corrupt("br", ValueError("stream truncated"))
+        return b""
+
+
+#: Most bytes a zstd decoder emits per input byte: a block (≤ 128 KiB, RFC 8878 §3.1.1.2.4)
+#: needs a 3-byte header and one byte of RLE content at least.
+ZSTD_MAX_RATIO = 128 * 1024 // 4
+
+
+class ZstdDecoder:
+    """``zstd`` (every frame of the body decoded). zstandard's ``decompressobj`` has no output
+    bound, so its input is cut in slices small enough that even a slice of RLE blocks
+    (``ZSTD_MAX_RATIO``) cannot emit more than the bytes left (64 bytes at least: then at most
+    2 MiB past the bound before the refusal)."""
+
+    def __init__(self, limit: int) -> None:
+        self.budget = _Budget(limit)
+        self.obj = zstandard.ZstdDecompressor().decompressobj()
+        self.fed = False
+
+    def feed(self, data: bytes) -> bytes:
+        parts: list[bytes] = []
+        view = memoryview(data)
+        try:
+            while view:
+                n = max(64, (self.budget.left + 1) // ZSTD_MAX_RATIO)
+                piece, view = view[:n], view[n:]
+                if self.obj.eof:  # the next frame of a multi-frame body
+                    self.obj = zstandard.ZstdDecompressor().decompressobj()
+                parts.append(self.budget.take(self.obj.decompress(bytes(piece))))
+                self.fed = True
+                rest = self.obj.unused_data
+                if rest:
+                    self.obj = zstandard.ZstdDecompressor().decompressobj()
+                    view = memoryview(rest + bytes(view))
+        except zstandard.ZstdError as e:
+            raise _corrupt("zstd", e) from None
+        return b"".join(parts)
+
+    def finish(self) -> bytes:
+        if not (self.fed and self.obj.eof):
+            raise _corrupt("zstd", ValueError("stream truncated"))
+        return b""
+
+
+def body_decoder(content_encoding: str | None, limit: int) -> BodyDecoder | None:
+    """The decoder of a ``Content-Encoding`` header value, None for no coding (absent, empty,
+    ``identity``); ``UnsupportedMediaType`` (415) for several codings or an unknown one.
+    ``limit``: the most decoded bytes accepted (``server.max_body_bytes``)."""
+    codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if not codings:
+        return None
+    if len(codings) > 1 or codings[0] not in CODINGS:
+        raise UnsupportedMediaType(
+            f"Content-Encoding {content_encoding!r} is not supported: use one of "
+            "gzip, deflate, br, zstd (or none)", param="content-encoding")
+    coding = codings[0]
+    if coding == "br":
+        return BrotliDecoder(limit)
+    if coding == "zstd":
+        return ZstdDecoder(limit)
+    return ZlibDecoder("gzip" if coding == "x-gzip" else coding, limit)
