@@ -30,10 +30,6 @@ from tests.e2e.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
 TURNS = 4  # requests of the scripted task: write, run, read, answer
-NEEDS_27 = "needs issue 27"
-# Claude Code sends ``role: "system"`` entries inside ``messages``: the gateway answers 400
-CLAUDE_XFAIL = pytest.mark.xfail(strict=True, reason=f"{NEEDS_27}: Messages rejects role "
-                                 "system entries (400), so Claude Code cannot run")
 
 
 def _run(agent: str, agents: Agents, stack: Stack, tmp: Path, model: str,
@@ -57,7 +53,7 @@ def _run(agent: str, agents: Agents, stack: Stack, tmp: Path, model: str,
     return run, access_lines(stack, since), scratch, killed
 
 
-@pytest.fixture(scope="module", params=[pytest.param("claude", marks=CLAUDE_XFAIL), "codex"])
+@pytest.fixture(scope="module", params=["claude", "codex"])
 def fast_run(request: pytest.FixtureRequest, agents: Agents, stack: Stack,
              tmp_path_factory: pytest.TempPathFactory
              ) -> tuple[str, AgentRun, list[dict[str, Any]], Path]:
@@ -98,12 +94,8 @@ def test_usage_is_the_sum_of_the_turns(fast_run) -> None:
     assert run.output_tokens == sum(int(e["completion_tokens"]) for e in lines) > 0
 
 
-def test_session_key_is_the_agents_id(fast_run, stack: Stack,
-                                      request: pytest.FixtureRequest) -> None:
-    agent, run, lines, _ = fast_run
-    if agent == "codex":  # claude: xfailed by its param already
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"{NEEDS_27}: the agent's "
-                                              "session header is not the session key yet"))
+def test_session_key_is_the_agents_id(fast_run, stack: Stack) -> None:
+    _, run, lines, _ = fast_run
     assert run.session_id and {e["session_id"] for e in lines} == {run.session_id}
     totals = httpx.get(stack.base_url + "/v1/usage", params={"session_id": run.session_id}
                        ).json()
@@ -112,7 +104,7 @@ def test_session_key_is_the_agents_id(fast_run, stack: Stack,
     assert totals["output_tokens"] == sum(int(e["completion_tokens"]) for e in lines)
 
 
-@pytest.mark.parametrize("agent", [pytest.param("claude", marks=CLAUDE_XFAIL), "codex"])
+@pytest.mark.parametrize("agent", ["claude", "codex"])
 def test_replica_killed_mid_turn(agent: str, agents: Agents, stack: Stack,
                                  tmp_path: Path) -> None:
     """Every replica holds each answer back 1 s (``ttft_delay_s``); the one serving the third
