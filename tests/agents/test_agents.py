@@ -28,7 +28,8 @@ from tests.agents.harness import (
 from tests.agents.install import Agents
 from tests.e2e.stack import MODEL, Stack
 
-pytestmark = pytest.mark.e2e
+# the first run may install the pinned agents from npm (under a minute; .ci/run does it first)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 TURNS = 4  # requests of the scripted task: write, run, read, answer
 
 

@@ -17,7 +17,8 @@ import pytest
 from tests.agents.install import Agents
 from tests.e2e.stack import MODEL, Stack
 
-pytestmark = pytest.mark.e2e
+# the first run may install the pinned npm packages (under a minute; .ci/run does it first)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 SCRIPT = Path(__file__).with_name("node_matrix.mjs")
 CASES = ("plain", "stream", "fast_tier", "usage", "tool_round_trip", "typed_error")
 SDKS = ("node_openai", "node_anthropic", "vercel_ai_chat", "vercel_ai_responses")
