@@ -34,14 +34,14 @@ TURNS = 4  # requests of the scripted task: write, run, read, answer
 
 
 def _run(agent: str, agents: Agents, stack: Stack, tmp: Path, model: str,
-         faults: dict[str, Any] | None = None, kill_turn: int | None = None
-         ) -> tuple[AgentRun, list[dict[str, Any]], Path, str | None]:
+         faults: dict[str, Any] | None = None, kill_turn: int | None = None,
+         script_task: bool = True) -> tuple[AgentRun, list[dict[str, Any]], Path, str | None]:
     scratch, home = tmp / "scratch", tmp / "home"
     scratch.mkdir()
     home.mkdir()
     stack.reset_sims()
     script = claude_script(scratch) if agent == "claude" else codex_script()
-    set_replica_faults(stack, {"script": script, **(faults or {})})
+    set_replica_faults(stack, {"script": script, **(faults or {})} if script_task else {})
     since = len(access_lines(stack))
     runner = run_claude if agent == "claude" else run_codex
     killed = None
@@ -122,3 +122,13 @@ def test_replica_killed_mid_turn(agent: str, agents: Agents, stack: Stack,
     finally:
         if killed is not None:
             stack.restart_sim(killed)
+
+
+def test_unscripted_codex_run_ends(agents: Agents, stack: Stack, tmp_path: Path) -> None:
+    """Without a script Codex's loop ends too: the first answer calls its first tool with
+    schema-valid arguments (``cmd`` a word: a command that fails), the answer after that tool
+    result is text."""
+    run, lines, _, _ = _run("codex", agents, stack, tmp_path, MODEL, script_task=False)
+    assert run.rc == 0 and not run.errors, run.stdout[-2000:]
+    assert len(lines) == 2 and all(e["status"] == "200" for e in lines)
+    assert run.turns == 1 and run.result
