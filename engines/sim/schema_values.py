@@ -18,7 +18,7 @@ from typing import Any
 
 from engines.sim.textgen import VOCAB
 
-MAX_DEPTH = 8  # nested objects/arrays deeper than this get their type's smallest value
+MAX_DEPTH = 8  # deeper than this: arrays as short as allowed, nullable branches null
 
 
 def schema_value(schema: Any, key: int, *, all_properties: bool = False) -> Any:
@@ -48,8 +48,9 @@ class _Gen:
             for key in ("anyOf", "oneOf"):
                 options = schema.get(key)
                 if isinstance(options, list) and options:
+                    deep = depth >= MAX_DEPTH  # deep down, a null ends a recursive schema
                     pick = next((o for o in options if isinstance(o, dict)
-                                 and o.get("type") != "null"), options[0])
+                                 and (o.get("type") == "null") == deep), options[0])
                     rest = {k: v for k, v in schema.items() if k != key}
                     schema = {**rest, **(pick if isinstance(pick, dict) else {})}
                     break
@@ -62,7 +63,7 @@ class _Gen:
                     if isinstance(p, dict):
                         merged = {**merged, **p}
                 schema = merged
-        return schema
+        return {k: v for k, v in schema.items() if k not in ("$ref", "anyOf", "oneOf", "allOf")}
 
     def value(self, schema: Any, key: int, depth: int) -> Any:
         if not isinstance(schema, dict):
@@ -123,20 +124,18 @@ class _Gen:
         return text
 
     def array(self, schema: dict[str, Any], key: int, depth: int) -> list[Any]:
-        low = schema.get("minItems") if isinstance(schema.get("minItems"), int) else 1
+        low = schema.get("minItems") if isinstance(schema.get("minItems"), int) else 0
         high = schema.get("maxItems")
-        count = max(low, 1)
+        count = low if depth >= MAX_DEPTH else max(low, 1)  # deep down: as few as allowed
         if isinstance(high, int):
             count = min(count, high)
-        if depth >= MAX_DEPTH:
-            count = min(count, low)
         items = schema.get("items")
         return [self.value(items if isinstance(items, dict) else {}, _mix(key, str(i)), depth + 1)
                 for i in range(count)]
 
     def object(self, schema: dict[str, Any], key: int, depth: int) -> dict[str, Any]:
         props = schema.get("properties")
-        if not isinstance(props, dict) or depth >= MAX_DEPTH:
+        if not isinstance(props, dict) or depth >= 2 * MAX_DEPTH:
             return {}
         required = schema.get("required")
         wanted = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []

@@ -50,6 +50,17 @@ def test_schema_values_are_valid_required_only_and_deterministic() -> None:
     assert len({schema_value(WRITE, k)["mode"] for k in range(30)}) == 3  # enums vary by key
 
 
+def test_schema_values_end_recursive_schemas() -> None:
+    loop = {"$ref": "#/$defs/A", "$defs": {"A": {"$ref": "#/$defs/A"}}}
+    assert isinstance(schema_value(loop, 1), str)  # an unresolvable cycle: a plain value
+    tree = {"$ref": "#/$defs/Node", "$defs": {"Node": {"type": "object", "properties": {
+        "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+        "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}},
+        "required": ["kids", "next"]}}}
+    for key in range(5):
+        jsonschema.validate(schema_value(tree, key), tree)
+
+
 def test_tool_policy_after_a_tool_result() -> None:
     first = {"tools": TOOLS, "messages": [{"role": "user", "content": "go"}]}
     after = {"tools": TOOLS, "messages": [
