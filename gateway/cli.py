@@ -1,9 +1,10 @@
-"""The ``speedgate`` command: ``serve``, ``demo``, ``check-config`` and ``keygen``
+"""The ``speedgate`` command: ``serve``, ``picker``, ``demo``, ``check-config`` and ``keygen``
 (argparse)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,6 +46,44 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"speedgate: cannot listen on {config.server.host}:{config.server.port}: {e}",
               file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_picker(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from gateway.picker.kube import in_cluster_api
+    from gateway.picker.runtime import PickerRuntime
+    from gateway.picker.server import serve_picker
+
+    try:
+        config = load_config(args.config)
+        runtime = PickerRuntime.build(config)
+    except ConfigError as e:
+        print(f"speedgate: {e}", file=sys.stderr)
+        return 2
+    if args.k8s_pods:
+        model = args.k8s_model or next(iter(config.models))
+        token, ctx = None, None
+        api = args.k8s_api
+        try:
+            if api is None:
+                api, token, ctx = in_cluster_api()
+            runtime.watch_pods(model, api, args.k8s_namespace, args.k8s_pods,
+                               args.k8s_target_port, tier_label=args.k8s_tier_label,
+                               token=token, ssl_context=ctx)
+        except (RuntimeError, ValueError, OSError) as e:
+            print(f"speedgate: {e}", file=sys.stderr)
+            return 2
+    logging.basicConfig(level=config.server.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        asyncio.run(serve_picker(runtime, args.host, args.port, args.port_file,
+                                 max_endpoints=args.max_endpoints))
+    except OSError as e:
+        print(f"speedgate: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
         return 1
     return 0
 
@@ -134,6 +173,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="log level (server.log_level); the access log is at info",
     )
     s.set_defaults(func=_cmd_serve)
+
+    pk = sub.add_parser(
+        "picker",
+        help="serve as the endpoint picker of an Envoy gateway (ext_proc gRPC)",
+        description="Serve Envoy's ext_proc gRPC service as a Gateway API Inference Extension "
+        "endpoint picker: Envoy sends each request's headers and body, speedgate answers the "
+        "replica (x-gateway-destination-endpoint) chosen by the config's tiers, routing and "
+        "admission; gRPC health for liveness, readiness and the ext_proc service.",
+    )
+    pk.add_argument("--config", "-c", required=True, help=f"YAML config file (see {EXAMPLE})")
+    pk.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    pk.add_argument("--port", type=int, default=9002, help="gRPC port (default 9002)")
+    pk.add_argument("--port-file", metavar="PATH",
+                    help="write the bound port to PATH once serving (with --port 0)")
+    pk.add_argument("--max-endpoints", type=int, default=1, metavar="N",
+                    help="endpoints per pick, in order (1 for an ORIGINAL_DST cluster; more "
+                    "for a data plane whose retries walk the list)")
+    pk.add_argument("--k8s-pods", metavar="SELECTOR",
+                    help="take the model's endpoints from the Kubernetes pods of this label "
+                    "selector (the InferencePool's), watched; both tiers may share it")
+    pk.add_argument("--k8s-model", metavar="MODEL",
+                    help="the config model those pods serve (default: the first)")
+    pk.add_argument("--k8s-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                    help="namespace of the pods (default: $POD_NAMESPACE, else default)")
+    pk.add_argument("--k8s-target-port", type=int, default=8000,
+                    help="the pods' engine port (the InferencePool's targetPort; 8000)")
+    pk.add_argument("--k8s-tier-label", default="speedgate.io/tier",
+                    help="pod label naming its tier (standard|fast); unlabelled pods get "
+                    "the model's default tier")
+    pk.add_argument("--k8s-api", metavar="URL",
+                    help="Kubernetes API base URL (default: in-cluster, service account)")
+    pk.set_defaults(func=_cmd_picker)
 
     c = sub.add_parser(
         "check-config",

@@ -21,8 +21,7 @@ from typing import Any
 
 from gateway.admit.control import Ticket
 from gateway.admit.gate import Gate
-from gateway.admit.hardening import check_json_shape
-from gateway.admit.params import check_sampling_params
+from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
 from gateway.admit.session import body_session, header_session
 from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, read_body
@@ -87,13 +86,10 @@ class Endpoint:
             key = gate.authenticate(scope, rec) if gate is not None else None
             raw = await read_body(scope, receive, state.config.server.max_body_bytes)
             raw_size = len(raw)
-            body = protocol.parse(raw)
-            check_json_shape(body.doc, state.config.server.max_json_depth)
+            # a client's mistake never reaches a replica (large bodies parsed off the loop)
+            body = await read_checked(protocol, raw, state.config.server.max_json_depth)
             if rec.session_id is None:  # no session header: the body's prompt_cache_key
                 rec.session_id, rec.session_src = body_session(body.doc)
-            if protocol.operation in ("chat", "text_completion"):
-                # a client's mistake never reaches a replica
-                check_sampling_params(body.doc, protocol.operation)
             # 2. plan (restricted to the tiers the key is entitled to)
             treq = state.models.resolve(
                 body.doc["model"],

@@ -313,6 +313,7 @@ def start_sim(
         "--served-model-name", model,
         "--time-scale", "0",
         "--output-tokens", str(output_tokens),
+        "--accept-sim-faults",  # benchmarks pace the engine per request (sim_faults)
         *extra,
     ]  # fmt: skip
     return _spawn_server(cmd, cpus)

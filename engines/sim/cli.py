@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
       help='errors as {"object": "error", ...} (older vLLM) instead of {"error": {...}}')
     a("--faults", default=None, metavar="JSON",
       help="fault script of this replica, a JSON object (fields: engines/sim/faults.py)")
+    a("--accept-sim-faults", action="store_true",
+      help="honour a request body's sim_faults field (tests, benchmarks); without it such a "
+      "body is refused with 400, so clients cannot script or crash this replica")
     a("--slow-start-s", type=float, default=c.slow_start_s, metavar="SECONDS",
       help="seconds during which /health answers 503 after start")
     a("--crash", action="store_true", help="exit at the first request (the crash fault)")
@@ -140,6 +143,7 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
         legacy_error_shape=ns.legacy_error_shape, slow_start_s=ns.slow_start_s,
         after_tool_result=ns.after_tool_result, tool_arguments=ns.tool_arguments,
+        accept_sim_faults=ns.accept_sim_faults,
         perf=perf, faults=faults,
     )
 

@@ -28,6 +28,7 @@ from engines.sim.messages_api import to_chat as messages_to_chat
 from engines.sim.params import InvalidParam, check_n, check_stop
 from engines.sim.plans import Plan, make_plans
 from engines.sim.request import RequestContext, RequestError
+from engines.sim.request_models import request_problem
 from engines.sim.sse import ConnectionReset
 from engines.sim.state import STATE, SimState
 from engines.sim.textgen import Prompt, analyse, analyse_ids, render_chat, rendered_key
@@ -88,6 +89,9 @@ async def count_tokens(request: web.Request) -> web.Response:
     try:
         if not isinstance(body, dict):
             raise SchemaError("Request body must be a JSON object", "body")
+        refused = request_problem("count_tokens", body)
+        if refused is not None:
+            raise refused
         chat_body = messages_to_chat(body, need_max_tokens=False)
         chat_body["max_tokens"] = None
         prompts, _ = await _prepare(state, chat_body, faults, True)
@@ -110,8 +114,15 @@ async def handle(request: web.Request, api: Api) -> web.StreamResponse:
     if not isinstance(body, dict):
         return error_response(state, None, 400, "Request body must be a JSON object")
     chat = api.chat
+    refused = request_problem(api.name, body)
+    if refused is not None:  # vLLM's pydantic models refuse it: its OpenAI-shaped 400
+        return error_response(state, None, 400, refused.message, param=refused.param)
     try:
         own = body.get("sim_faults")
+        if own is not None and not state.config.accept_sim_faults:
+            return error_response(state, None, 400, "sim_faults is not accepted by this "
+                                  "simulator (start it with --accept-sim-faults)",
+                                  param="sim_faults")
         faults = state.faults.merged(Faults.model_validate(own) if own is not None else None)
     except ValidationError as e:
         return error_response(state, None, 400, f"Invalid sim_faults: {e}", param="sim_faults")

@@ -51,6 +51,9 @@ class SimConfig:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     enable_prompt_tokens_details: bool = True
     legacy_error_shape: bool = False
+    # per-request ``sim_faults`` body fields honoured (``--accept-sim-faults``); off: a body
+    # that carries one is refused 400, so no client can script (or crash) a shared replica
+    accept_sim_faults: bool = False
     slow_start_s: float = 0.0
     after_tool_result: AfterToolResult = "text"
     tool_arguments: ToolArguments = "required"

@@ -53,11 +53,13 @@ def spawn_simulator(
     model: str = DEFAULT_MODEL,
     host: str = "127.0.0.1",
     port: int = 0,
+    accept_sim_faults: bool = True,
 ) -> SimProcess:
     """Start one simulator serving ``model`` (``mode``: standard | speculative; ``time_scale``
     multiplies model delays; ``extra_args``: more ``engines.sim`` flags) on ``port`` (0: a port
     it binds itself). Returns at once; call :meth:`SimProcess.wait_ready`. Its stderr is
-    inherited, stdout discarded."""
+    inherited, stdout discarded. ``accept_sim_faults``: honour per-request ``sim_faults``
+    (``--accept-sim-faults``; the test stacks script faults that way)."""
     tmp = Path(tempfile.mkdtemp(prefix="speedgate-sim-"))
     port_file = tmp / "port"
     cmd = [
@@ -69,6 +71,7 @@ def spawn_simulator(
         "--mode", mode,
         "--time-scale", str(time_scale),
         "--seed", str(seed),
+        *(["--accept-sim-faults"] if accept_sim_faults else []),
         *extra_args,
     ]
     proc = subprocess.Popen(

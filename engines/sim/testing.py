@@ -86,6 +86,7 @@ def start_sim(*, startup_timeout: float = 20.0, wait_ready: bool = True, **flags
     """Start ``python -m engines.sim --port 0 ...`` and wait until it answers ``/health``."""
     flags.setdefault("port", 0)
     flags.setdefault("host", "127.0.0.1")
+    flags.setdefault("accept_sim_faults", True)  # the simulator tests script faults per request
     cmd = [sys.executable, "-m", "engines.sim", *sim_args(**flags)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))

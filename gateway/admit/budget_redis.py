@@ -72,10 +72,9 @@ class RedisLedger:
     @classmethod
     def from_url(cls, url: str, timeout_s: float, **kwargs: Any) -> RedisLedger:
         """A ledger store on a new client for ``url`` with ``timeout_s`` socket timeouts."""
-        import redis.asyncio as aioredis
+        from gateway.common.redis_client import redis_client
 
-        client = aioredis.Redis.from_url(url, socket_timeout=timeout_s,
-                                         socket_connect_timeout=timeout_s)
+        client = redis_client(url, timeout_s=timeout_s, connect_timeout_s=timeout_s)
         return cls(client, **kwargs)
 
     def keys(self, ledger_id: str) -> list[str]:

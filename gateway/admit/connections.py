@@ -28,6 +28,14 @@ pipeline) kept writing to the closed transport (uvloop's ``RuntimeError``, logge
 internal error with status 200). Here the request being served is marked disconnected too (a
 499, no traceback) and the queued ones are dropped.
 
+Over-long URLs: httptools' URL parser (``parse_url``) refuses a URL over 65535 bytes, which
+uvicorn answers with a plain-text 400 ("Invalid HTTP request received."), not the API's error.
+No route or id of the API is anywhere near that long (a response id has at most 133
+characters), so a URL over ``MAX_URL_BYTES`` has each path segment over ``MAX_SEGMENT_BYTES``
+cut to that length and its query dropped (the gateway never reads the query) before it is
+parsed: the request gets the answer its segment would have got (a 404 in the API's shape, e.g.
+``response_not_found``), and the URL kept in memory is bounded too.
+
 The limits and counters (``ConnectionGuard``) reach each connection through the ASGI lifespan
 state (``GUARD_KEY``): without one the protocol behaves as uvicorn's, pipelining fix included.
 """
@@ -114,6 +122,20 @@ TOO_MANY_CONNECTIONS = _response(
 )
 
 
+#: URLs longer than this (bytes) are shortened before parsing (module docstring).
+MAX_URL_BYTES = 8192
+#: Length (bytes) a path segment of an over-long URL is cut to: longer than any id or route.
+MAX_SEGMENT_BYTES = 1024
+
+
+def shorten_url(url: bytes) -> bytes:
+    """``url`` with its query dropped and each path segment cut to ``MAX_SEGMENT_BYTES``, at
+    most ``MAX_URL_BYTES`` in all (module docstring)."""
+    path = url.split(b"?", 1)[0]
+    out = b"/".join(seg[:MAX_SEGMENT_BYTES] for seg in path.split(b"/"))
+    return out[:MAX_URL_BYTES]
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the header/body timeouts, the connection cap and the
     pipelining-disconnect fix described in the module docstring."""
@@ -169,8 +191,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._stage != "header":  # a new request on a keep-alive connection
             self._arm("header")
 
+    def on_url(self, url: bytes) -> None:
+        if len(self.url) <= MAX_URL_BYTES:  # past it the rest is cut anyway (bounded memory)
+            self.url += url
+
     def on_headers_complete(self) -> None:
         self._disarm()
+        if len(self.url) > MAX_URL_BYTES:
+            self.url = shorten_url(self.url)
         super().on_headers_complete()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:

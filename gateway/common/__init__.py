@@ -2,6 +2,7 @@
 
 - ``tasks``: ``every`` (a periodic loop) and ``cancel_and_wait`` (stopping background tasks);
 - ``breaker``: ``CircuitBreaker``, the one breaker type of every Redis user;
+- ``redis_client``: the cancel-safe redis-py client every Redis user builds;
 - ``redis_conn``: ``RedisConnection``, the one Redis client and breaker every Redis user shares;
 - ``ids``: ``bounded_id`` (a long client-supplied id kept as a fixed-size digest);
 - ``urls``: ``redact_url`` (credentials out of URLs before they reach a log or a label);

@@ -31,12 +31,10 @@ class RedisConnection:
         here: redis-py connects on first use, inside the event loop that uses it."""
         if not state.redis_url:
             return None
-        import redis.asyncio as aioredis
+        from gateway.common.redis_client import redis_client
 
         t = state.redis_timeout_s
-        client = aioredis.Redis.from_url(
-            state.redis_url, socket_timeout=t, socket_connect_timeout=t
-        )
+        client = redis_client(state.redis_url, timeout_s=t, connect_timeout_s=t)
         breaker = CircuitBreaker(
             "redis", failures=state.breaker_failures, cooldown_s=state.breaker_cooldown_s
         )

@@ -197,6 +197,12 @@ class ResponsesConfig(_Strict):
     memory_max_responses: int = Field(
         10_000, ge=1, description="in-memory store only: responses kept (least recent evicted)"
     )
+    memory_max_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="in-memory store only: total bytes of the stored records (least recent "
+        "evicted); a record larger than this is not stored",
+    )
     redis_prefix: str = "speedgate:resp:"
     redis_timeout_s: float = Field(
         1.0, gt=0, description="per-call Redis timeout of the response store (records are MiB)"

@@ -194,7 +194,7 @@ def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("stream: must be a boolean", param="stream")
     tier = doc.get("service_tier")
-    if tier is not None and tier not in ANTHROPIC_SERVICE_TIERS:
+    if tier is not None and (not isinstance(tier, str) or tier not in ANTHROPIC_SERVICE_TIERS):
         raise InvalidRequest(
             "service_tier: must be one of auto, standard_only", param="service_tier"
         )

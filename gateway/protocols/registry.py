@@ -32,6 +32,7 @@ def response_store(config: GatewayConfig) -> ResponseStore:
         ttl_s=rc.store_ttl_s,
         max_record_bytes=rc.max_response_bytes,
         max_entries=rc.memory_max_responses,
+        max_bytes=rc.memory_max_bytes,
     )
 
 

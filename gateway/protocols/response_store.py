@@ -15,6 +15,7 @@ Errors: ``StoreUnavailable`` when Redis does not answer (the caller answers 503 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -23,6 +24,7 @@ from typing import Any
 import orjson
 
 from gateway.common.breaker import CircuitBreaker
+from gateway.protocols.response_ids import RECORD_SPACE
 
 log = logging.getLogger("speedgate.responses")
 
@@ -72,24 +74,70 @@ class ResponseStore:
 
 
 class MemoryResponseStore(ResponseStore):
-    """Records in an LRU of at most ``max_entries``, each expiring ``ttl_s`` after its last
-    use (single gateway process)."""
+    """Records in an LRU (single gateway process), each expiring ``ttl_s`` seconds after its
+    last use, bounded by ``max_entries`` records and ``max_bytes`` bytes of records in all
+    (least recently used evicted first; a record over ``max_bytes`` is not stored).
+
+    Expiry is by time, not only on read: every record has the same TTL from its last use, so
+    the LRU order is the expiry order; each call drops the expired head records, and a timer
+    on the event loop fires when the oldest record expires (then re-arms for the next one), so
+    an idle store lets go of its memory too. ``clock`` (seconds, monotonic) is injectable for
+    tests; the timer then only fires calls that read it."""
 
     def __init__(
-        self, *, ttl_s: float, max_record_bytes: int, max_entries: int, clock: Any = time.monotonic
+        self, *, ttl_s: float, max_record_bytes: int, max_entries: int,
+        max_bytes: int = 256 * 1024 * 1024, clock: Any = time.monotonic,
     ) -> None:
         super().__init__(ttl_s=ttl_s, max_record_bytes=max_record_bytes)
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self._clock = clock
         self._data: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self.bytes = 0  # bytes of the records held
+        self.evicted = 0  # records dropped for the entry or byte bound
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _drop(self, rid: str) -> bool:
+        entry = self._data.pop(rid, None)
+        if entry is None:
+            return False
+        self.bytes -= len(entry[1])
+        return True
+
+    def expire(self) -> int:
+        """Drop the records whose TTL has passed; how many."""
+        now, n = self._clock(), 0
+        while self._data:
+            rid, (expires, _) = next(iter(self._data.items()))
+            if expires > now:
+                break
+            self._drop(rid)
+            n += 1
+        return n
+
+    def _arm(self) -> None:
+        """Fire ``_on_timer`` when the oldest record expires (one timer at a time)."""
+        if self._timer is not None or not self._data:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        expires = next(iter(self._data.values()))[0]
+        self._timer = loop.call_later(max(0.0, expires - self._clock()) + 0.001, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.expire()
+        self._arm()
 
     async def get_many(self, ids: list[str]) -> list[dict[str, Any] | None]:
+        self.expire()
         now = self._clock()
         out: list[dict[str, Any] | None] = []
         for rid in ids:
             entry = self._data.get(rid)
-            if entry is None or entry[0] <= now:
-                self._data.pop(rid, None)
+            if entry is None:
                 out.append(None)
                 continue
             self._data[rid] = (now + self.ttl_s, entry[1])
@@ -98,22 +146,38 @@ class MemoryResponseStore(ResponseStore):
         return out
 
     async def put(self, record: dict[str, Any]) -> bool:
+        self.expire()
         data = self.encode(record)
         if data is None:
             return False
+        if len(data) > self.max_bytes:
+            self.skipped_too_large += 1
+            log.warning("response %s not stored: %d bytes over responses.memory_max_bytes (%d)",
+                        record.get("id"), len(data), self.max_bytes)
+            return False
         rid = record["id"]
+        self._drop(rid)
         self._data[rid] = (self._clock() + self.ttl_s, data)
-        self._data.move_to_end(rid)
-        while len(self._data) > self.max_entries:
-            self._data.popitem(last=False)
+        self.bytes += len(data)
+        while len(self._data) > self.max_entries or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._data)))
+            self.evicted += 1
+        self._arm()
         return True
 
     async def delete(self, response_id: str) -> bool:
-        return self._data.pop(response_id, None) is not None
+        self.expire()
+        return self._drop(response_id)
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class RedisResponseStore(ResponseStore):
-    """Records as Redis strings ``<prefix><id>`` with a TTL, behind a circuit breaker.
+    """Records as Redis strings ``<prefix>rec:<id>`` with a TTL (``response_ids``: the run
+    markers live in ``<prefix>run:``), behind a circuit breaker.
     ``client`` is a ``redis.asyncio.Redis``."""
 
     def __init__(
@@ -133,15 +197,13 @@ class RedisResponseStore(ResponseStore):
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float, **kwargs: Any) -> RedisResponseStore:
         """A store on a new client for ``url`` with socket timeouts of ``timeout_s`` seconds."""
-        import redis.asyncio as aioredis
+        from gateway.common.redis_client import redis_client
 
-        client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        client = redis_client(url, timeout_s=timeout_s, connect_timeout_s=timeout_s)
         return cls(client, **kwargs)
 
     def _key(self, response_id: str) -> str:
-        return self.prefix + response_id
+        return self.prefix + RECORD_SPACE + response_id
 
     async def _call(self, fn: Any) -> Any:
         if not self.breaker.allow():

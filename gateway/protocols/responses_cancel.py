@@ -16,6 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway.protocols.response_ids import CANCEL_CHANNEL, RUN_SPACE
+
 log = logging.getLogger("speedgate.responses")
 
 RECONNECT_S = 1.0  # wait before subscribing again after Redis failed
@@ -28,20 +30,18 @@ class CancelBus:
 
     def __init__(self, client: Any, subscriber: Any, prefix: str) -> None:
         self.client, self.subscriber = client, subscriber
-        self.channel = prefix + "cancel"
-        self.run_prefix = prefix + "run:"
+        self.channel = prefix + CANCEL_CHANNEL
+        self.run_prefix = prefix + RUN_SPACE
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listener: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, *, timeout_s: float, prefix: str) -> CancelBus:
         """A bus on new clients for ``url`` (commands time out after ``timeout_s``)."""
-        import redis.asyncio as aioredis
+        from gateway.common.redis_client import redis_client
 
-        client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
-        subscriber = aioredis.Redis.from_url(url, socket_connect_timeout=timeout_s)
+        client = redis_client(url, timeout_s=timeout_s, connect_timeout_s=timeout_s)
+        subscriber = redis_client(url, timeout_s=None, connect_timeout_s=timeout_s)
         return cls(client, subscriber, prefix)
 
     def _background(self, coro: Awaitable[Any]) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.protocols.base import Running
+from gateway.protocols.response_ids import is_response_id
 from gateway.protocols.response_store import ResponseStore, StoreUnavailable
 from gateway.protocols.responses_cancel import CancelBus
 from gateway.protocols.responses_input_list import listed_item
@@ -38,6 +39,11 @@ from gateway.relay.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
 
 log = logging.getLogger("speedgate.responses")
+
+
+def _shown(response_id: str) -> str:
+    """An id as an error message quotes it: at most 64 characters (ids are client input)."""
+    return response_id if len(response_id) <= 64 else response_id[:61] + "..."
 
 
 class ResponseNotFound(GatewayError):
@@ -133,6 +139,11 @@ class ResponsesState:
         if turn.previous_id is None:
             turn.root = turn.response_id
             return
+        if not is_response_id(turn.previous_id):  # names nothing: no lookup
+            raise ResponseNotFound(
+                f"Previous response with id '{_shown(turn.previous_id)}' not found.",
+                param="previous_response_id",
+            )
         try:
             prev = await self.store.get(turn.previous_id)
             if prev is None or prev.get("key") != (key_id or ""):
@@ -204,6 +215,10 @@ class ResponsesState:
             log.exception("response %s not stored", final["id"])
 
     async def _record(self, response_id: str, key_id: str | None) -> dict[str, Any]:
+        if not is_response_id(response_id):  # names nothing: no lookup
+            raise ResponseNotFound(
+                f"Response with id '{_shown(response_id)}' not found.", param="response_id"
+            )
         try:
             rec = await self.store.get(response_id)
         except StoreUnavailable as e:
@@ -217,7 +232,7 @@ class ResponsesState:
     async def retrieve(self, response_id: str, key_id: str | None) -> dict[str, Any]:
         """``GET /v1/responses/{id}``: the stored response object (``in_progress`` while it
         runs on this process); ``ResponseNotFound`` (404) otherwise."""
-        flight = self.flights.get(response_id)
+        flight = self.flights.get(response_id) if is_response_id(response_id) else None
         if flight is not None and flight.key == (key_id or ""):
             return flight.object("in_progress")
         response: dict[str, Any] = (await self._record(response_id, key_id))["response"]
@@ -256,6 +271,8 @@ class ResponsesState:
         its replica (best effort) and aborted here; one running on another gateway process
         (Redis marker, same key) is passed to it; a finished one is 400, an unknown one 404."""
         key = key_id or ""
+        if not is_response_id(response_id):
+            await self._record(response_id, key_id)  # the 404 of an id that names nothing
         flight = self.flights.get(response_id)
         if flight is not None and flight.key == key:
             await self._abort(flight)

@@ -164,11 +164,9 @@ class RedisRoutingStore:
         cls, url: str, breaker: CircuitBreaker, *, timeout_s: float = 0.1, **kwargs: Any
     ) -> RedisRoutingStore:
         """A store on a new client for ``url`` with connect/read timeouts of ``timeout_s``."""
-        import redis.asyncio as aioredis
+        from gateway.common.redis_client import redis_client
 
-        client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        client = redis_client(url, timeout_s=timeout_s, connect_timeout_s=timeout_s)
         return cls(client, breaker, timeout_s=timeout_s, owns_client=True, **kwargs)
 
     @property

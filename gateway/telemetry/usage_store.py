@@ -210,11 +210,9 @@ class RedisUsageStore:
     def from_url(cls, url: str, *, timeout_s: float = 0.1, **kwargs: Any) -> RedisUsageStore:
         """A store on a new client for ``url`` (``redis://host:6379/0``) with socket connect
         and read timeouts of ``timeout_s`` seconds."""
-        import redis.asyncio as aioredis
+        from gateway.common.redis_client import redis_client
 
-        client = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        client = redis_client(url, timeout_s=timeout_s, connect_timeout_s=timeout_s)
         return cls(client, owns_client=True, **kwargs)
 
     def key_hash(self, key_id: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gateway.errors import (
     EngineClientError,
@@ -68,6 +69,16 @@ async def open_with_failover(
     4xx too, that 4xx is the client's answer and no failure is recorded; with no other usable
     replica the 4xx is answered and nothing recorded (no telling whose fault it is).
 
+    The body rule (a client's body never counts toward ejection): an engine's 500, or an
+    in-stream error event before any content (``BODY_SUSPECT_REASONS``), may be the body's
+    doing (an engine bug the body triggers) as much as the replica's. It is not recorded at
+    once: the request is retried on another replica as usual (budget permitting); if that one
+    fails the same way, the body is at fault: no more retries, the error is answered, and
+    neither failure is recorded. If another replica serves it, or fails in another way, or
+    nothing is left to ask, the first failure is recorded (as it would have been). So a body
+    can fail at most two replicas and count against none, and a replica that fails what others
+    serve is still ejected.
+
     Raises the last ``GatewayError`` (the engine's 4xx and ``UnreadableResponse`` at once,
     never retried, neither counted against the replica), an
     ``UpstreamTimeout`` when the deadline expires, or ``NoHealthyReplica`` (503) when no pool
@@ -91,6 +102,7 @@ async def open_with_failover(
     last_reason = ""
     previous_tier: str | None = None
     suspect: tuple[Pool, Replica] | None = None  # the replica of a stream-4xx (diagnosis)
+    body_suspect: BodySuspect | None = None  # the first replica of a 5xx (the body rule)
     # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
     route = plan.route
     if route is None:
@@ -175,6 +187,16 @@ async def open_with_failover(
             try:
                 opened = await open_attempt(state.upstream, attempt)
             except RetryableFailure as f:
+                if body_suspect is not None and body_suspect.same(f):
+                    # two replicas failed this body alike: the body's fault, nobody's failure
+                    span.end("body-fault", status=f.error.status)
+                    metrics.record_attempt(pool, "body-fault")
+                    _note_failure(rec, [*reasons, f"{pool.tier}:{f.reason}"], plan,
+                                  previous_tier)
+                    raise f.error from None
+                if body_suspect is not None:  # failed otherwise: the first one counts
+                    body_suspect.record(loop.time())
+                    body_suspect = None
                 if f.reason == STREAM_4XX and suspect is not None:
                     # two replicas refused it alike: the request's fault, nobody's failure
                     span.end("client-error", status=f.error.status)
@@ -191,7 +213,9 @@ async def open_with_failover(
                     metrics.record_timeout(pool, "ttft")
                 elif f.reason == "connect-timeout":
                     metrics.record_timeout(pool, "connect")
-                if f.replica_fault:
+                if f.reason in BODY_SUSPECT_REASONS:
+                    body_suspect = BodySuspect(pool, replica, f.reason)
+                elif f.replica_fault:
                     pool.record_failure(replica, loop.time())
                 continue
             except UpstreamTimeout as e:  # the total deadline: nothing more to try
@@ -214,6 +238,8 @@ async def open_with_failover(
                 raise
             if suspect is not None:  # another replica served what the suspect refused
                 suspect[0].record_failure(suspect[1], loop.time())
+            if body_suspect is not None:  # and what the body suspect failed
+                body_suspect.record(loop.time())
             pool.record_success(replica)
             metrics.record_attempt(pool, "ok")
             opened.span = span
@@ -224,12 +250,36 @@ async def open_with_failover(
             return opened
         if loop.time() >= deadline or last_reason == STREAM_4XX:
             break  # a stream-4xx no other replica of the pool could check: answered as is
+    if body_suspect is not None:  # nobody else was asked: counted as before the rule
+        body_suspect.record(loop.time())
     _note_failure(rec, reasons, plan, previous_tier)
     if last is None:
         raise NoHealthyReplica(
             f"no healthy replica for model {plan.request.model_name!r}", retry_after_s=1
         )
     raise last
+
+
+#: Failures that may be the body's doing (the body rule in ``open_with_failover``): the
+#: engine's HTTP 500 and an in-stream error event before content whose code is not a 4xx.
+BODY_SUSPECT_REASONS = frozenset({"http-500", "engine-error"})
+
+
+@dataclass(slots=True)
+class BodySuspect:
+    """The first replica that failed a request in a way the body may have caused."""
+
+    pool: Pool
+    replica: Replica
+    reason: str
+
+    def same(self, f: RetryableFailure) -> bool:
+        """True when ``f`` (from another replica) is the same kind of failure."""
+        return f.reason == self.reason
+
+    def record(self, now: float) -> None:
+        """Count the failure against the replica after all (outlier ejection)."""
+        self.pool.record_failure(self.replica, now)
 
 
 def _note_failure(rec: RequestRecord, reasons: list[str], plan: Plan, tier: str | None) -> None:

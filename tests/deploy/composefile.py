@@ -17,7 +17,8 @@ from tests.deploy.tools import DEPLOY
 
 COMPOSE = DEPLOY / "compose.yaml"
 ENV_FILE = DEPLOY / ".env"
-PROFILE_SETS = (("cpu",), ("gpu",), ("cpu", "observability"), ("gpu", "observability"))
+PROFILE_SETS = (("cpu",), ("gpu",), ("cpu", "observability"), ("gpu", "observability"),
+                ("picker",))
 
 _VAR = re.compile(r"\$(?:(?P<dollar>\$)|\{(?P<braced>[^}]*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
 _BRACED = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:-|-|:\?|\?)(?P<arg>.*))?$", re.S)

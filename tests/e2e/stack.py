@@ -46,6 +46,7 @@ class Stack:
     model_overrides: dict = field(default_factory=dict)  # merged into the model's config (auto)
     config: dict = field(default_factory=dict)
     tiers: tuple[str, ...] = ("standard", "fast")  # pools to start (aliases need both)
+    accept_sim_faults: bool = True  # False: simulators refuse per-request sim_faults (400)
     procs: list[subprocess.Popen] = field(default_factory=list)
     sims: dict[str, list[str]] = field(default_factory=dict)
     sim_procs: dict[str, subprocess.Popen] = field(default_factory=dict)  # by URL
@@ -62,7 +63,8 @@ class Stack:
                     continue
                 self.sims[tier] = []
                 for _ in range(self.replicas_per_tier):
-                    sim = spawn_simulator(mode, 1.0, seed, self.sim_args)
+                    sim = spawn_simulator(mode, 1.0, seed, self.sim_args,
+                                          accept_sim_faults=self.accept_sim_faults)
                     self.procs.append(sim.proc)
                     spawned.append((tier, sim))
                     seed += 1

@@ -100,7 +100,7 @@ def test_previous_response_id_chain_across_gateways_and_a_replica_restart(env):
     # both gateways read the same stored responses (Redis), under the configured prefix
     for c in clients:
         assert c.responses.retrieve(previous).id == previous
-    keys = redis.Redis.from_url(REDIS_URL).keys(prefix + "resp:*")
+    keys = redis.Redis.from_url(REDIS_URL).keys(prefix + "resp:rec:*")
     assert len(keys) == 5
 
 

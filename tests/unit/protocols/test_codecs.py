@@ -115,33 +115,33 @@ def test_responses_chain_is_expanded_from_the_store_and_scoped_to_the_key():
     async def main():
         p = responses()
         store = p.state.store
-        await store.put({"id": "r1", "key": "k", "items": [{"role": "user", "content": "a"}],
+        await store.put({"id": "resp_r1", "key": "k", "items": [{"role": "user", "content": "a"}],
                          "output": [{"type": "message", "role": "assistant", "content": "b"}],
-                         "chain": [], "root": "r1", "response": {}})
-        await store.put({"id": "r2", "key": "k", "items": [{"role": "user", "content": "c"}],
+                         "chain": [], "root": "resp_r1", "response": {}})
+        await store.put({"id": "resp_r2", "key": "k", "items": [{"role": "user", "content": "c"}],
                          "output": [{"type": "function_call", "call_id": "c1", "name": "f",
                                      "arguments": "{}"}],
-                         "chain": ["r1"], "root": "r1", "response": {}})
-        body = p.parse(b'{"model":"m","previous_response_id":"r2","input":[{"type":'
+                         "chain": ["resp_r1"], "root": "resp_r1", "response": {}})
+        body = p.parse(b'{"model":"m","previous_response_id":"resp_r2","input":[{"type":'
                        b'"function_call_output","call_id":"c1","output":"ok"}]}')
         await p.prepare(body, "k")
         turn = body.ext
         assert [i.get("content", i.get("type")) for i in turn.full_input] == [
             "a", "b", "c", "function_call", "function_call_output"]
-        assert turn.chain == ["r1", "r2"] and body.session_hint == "resp:r1"
+        assert turn.chain == ["resp_r1", "resp_r2"] and body.session_hint == "resp:resp_r1"
         roles = [m["role"] for m in body.view["messages"]]
         assert roles == ["user", "assistant", "user", "assistant", "tool"]
         sent = orjson.loads(p.upstream_body(body, "m"))
         assert "previous_response_id" not in sent and len(sent["input"]) == 5
-        for key, prev in (("other", "r2"), ("k", "nope")):
+        for key, prev in (("other", "resp_r2"), ("k", "nope")):
             other = p.parse(b'{"model":"m","input":"x","previous_response_id":"%s"}'
                             % prev.encode())
             with pytest.raises(GatewayError) as e:
                 await p.prepare(other, key)
             assert e.value.status == 404 and e.value.param == "previous_response_id"
-        await store.delete("r1")  # an expired ancestor breaks the chain: 404, not a guess
+        await store.delete("resp_r1")  # an expired ancestor breaks the chain: 404, not a guess
         with pytest.raises(GatewayError) as e:
-            await p.prepare(p.parse(b'{"model":"m","input":"x","previous_response_id":"r2"}'),
+            await p.prepare(p.parse(b'{"model":"m","input":"x","previous_response_id":"resp_r2"}'),
                             "k")
         assert e.value.status == 404
 

@@ -46,6 +46,39 @@ def test_memory_store_ttl_renewed_by_use_lru_and_size_limit():
     asyncio.run(main())
 
 
+def test_memory_store_expires_by_time_without_any_read():
+    """Records go when their TTL passes even if nothing reads the store again (the timer)."""
+    async def main():
+        s = MemoryResponseStore(ttl_s=0.05, max_record_bytes=1 << 20, max_entries=100)
+        for i in range(5):
+            assert await s.put(rec(f"r{i}", size=10_000))
+        assert s.bytes > 50_000
+        await asyncio.sleep(0.3)  # no call into the store meanwhile
+        assert s.bytes == 0 and not s._data
+        await s.close()
+
+    asyncio.run(main())
+
+
+def test_memory_store_bounded_by_total_bytes_least_recent_first():
+    async def main():
+        now = [0.0]
+        s = MemoryResponseStore(ttl_s=100, max_record_bytes=1 << 20, max_entries=100,
+                                max_bytes=3 * 1100, clock=lambda: now[0])
+        for rid in ("a", "b", "c"):
+            assert await s.put(rec(rid, size=1000))
+        assert await s.get("a") is not None  # a is now the most recent
+        assert await s.put(rec("d", size=1000))  # over the bytes: b (least recent) goes
+        assert [r and r["id"] for r in await s.get_many(["a", "b", "c", "d"])] == [
+            "a", None, "c", "d"]
+        assert s.bytes <= s.max_bytes and s.evicted == 1
+        assert not await s.put(rec("huge", size=4000))  # larger than the whole bound
+        assert s.bytes <= s.max_bytes
+        await s.close()
+
+    asyncio.run(main())
+
+
 @pytest.fixture
 def prefix():
     p = f"speedgate-test:resp:{uuid.uuid4().hex}:"
@@ -68,10 +101,10 @@ def test_redis_store_shared_and_ttl_renewed_by_reads(prefix):
         b = RedisResponseStore.from_url(REDIS_URL, timeout_s=1, prefix=prefix, ttl_s=30,
                                         max_record_bytes=1 << 20)
         await a.put(rec("r1"))
-        await a.client.pexpire(prefix + "r1", 1000)  # as if it had aged
+        await a.client.pexpire(prefix + "rec:r1", 1000)  # as if it had aged
         got = await b.get_many(["r1", "missing"])  # another gateway reads it
         assert got[0]["id"] == "r1" and got[1] is None
-        assert await a.client.pttl(prefix + "r1") > 20_000  # the read renewed the TTL
+        assert await a.client.pttl(prefix + "rec:r1") > 20_000  # the read renewed the TTL
         assert await b.delete("r1") and await a.get("r1") is None
         await a.close()
         await b.close()

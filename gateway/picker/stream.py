@@ -1,0 +1,160 @@
+"""One ``ext_proc`` stream: one HTTP request through Envoy, from its headers to its response's
+end (``envoy.service.ext_proc.v3.ExternalProcessor/Process``).
+
+Request body modes (the filter's ``processing_mode``, which Envoy announces in the first
+message's ``protocol_config``):
+
+- ``FULL_DUPLEX_STREAMED``: Envoy sends the headers and the body chunks without waiting; the
+  picker keeps the body (up to ``server.max_body_bytes``: 413 past it, at once), decides at
+  its end, then answers the headers with the pick and streams the upstream body back in
+  chunks of at most 62,000 bytes;
+- ``BUFFERED``: Envoy waits for the headers' answer (passed on unchanged), then sends the
+  whole body (its own ``per_stream_buffer_limit_bytes`` bounds it); the pick comes with the
+  body's answer;
+- a request without a body is decided on its headers (its protocol then answers 400).
+
+``STREAMED`` and ``BUFFERED_PARTIAL`` cannot carry a pick made on the whole body: they are
+answered 500 with a message naming the setting. Responses: headers always (the served
+endpoint and status go to the ledgers, the tier and replica headers to the client), body when
+Envoy sends it (echoed in full-duplex mode, passed on otherwise; usage read on the way).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+from gateway.errors import GatewayError
+from gateway.picker import messages as msg
+from gateway.picker.decide import Pick, Picker
+from gateway.picker.usage import UsageTap
+from gateway.protocols.base import Protocol
+from gateway.protocols.errors import OPENAI_ERRORS
+
+log = logging.getLogger("speedgate.picker")
+
+FULL_DUPLEX = pm.ProcessingMode.FULL_DUPLEX_STREAMED
+BUFFERED = pm.ProcessingMode.BUFFERED
+
+
+class PickerStream:
+    """The state of one stream; ``run`` maps Envoy's messages to the picker's answers."""
+
+    def __init__(self, picker: Picker) -> None:
+        self.picker = picker
+        self.headers: dict[str, str] = {}
+        self.subset: list[str] | None = None
+        self.body_mode = FULL_DUPLEX
+        self.response_mode = pm.ProcessingMode.NONE
+        self.body = bytearray()
+        self.pick: Pick | None = None
+        self.tap: UsageTap | None = None
+        self.done = False  # an immediate response was sent: nothing more to do
+
+    async def run(
+        self, requests: AsyncIterator[ep.ProcessingRequest]
+    ) -> AsyncIterator[ep.ProcessingResponse]:
+        """Answer each message of the stream; the request's ledgers are settled when the
+        stream ends however it ends (response over, client gone, Envoy reset)."""
+        try:
+            async for req in requests:
+                for out in await self._on(req):
+                    yield out
+                if self.done:
+                    return
+        finally:
+            if self.pick is not None:
+                await self.picker.finish(self.pick, self.tap.usage() if self.tap else None)
+
+    async def _on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        kind = req.WhichOneof("request")
+        if req.HasField("protocol_config"):
+            self.body_mode = req.protocol_config.request_body_mode
+            self.response_mode = req.protocol_config.response_body_mode
+        if kind == "request_headers":
+            self.headers = msg.header_map(req.request_headers.headers)
+            self.subset = msg.subset_hint(req)
+            if req.request_headers.end_of_stream:
+                return await self._decide(trailers=False)
+            if self.body_mode == BUFFERED:
+                return [msg.continue_request_headers()]
+            if self.body_mode != FULL_DUPLEX:
+                return self._fail(GatewayError(
+                    "speedgate picker needs the ext_proc filter's request_body_mode "
+                    "FULL_DUPLEX_STREAMED or BUFFERED", status=500, code="picker_config"))
+            return []
+        if kind == "request_body":
+            self.body += req.request_body.body
+            limit = self.picker.runtime.config.server.max_body_bytes
+            if len(self.body) > limit:
+                return self._fail(GatewayError(
+                    f"request body larger than {limit} bytes", status=413,
+                    type="invalid_request_error", code="request_too_large"))
+            if req.request_body.end_of_stream:
+                return await self._decide(trailers=False)
+            return []
+        if kind == "request_trailers":
+            if self.pick is None:  # the body ended with trailers
+                out = await self._decide(trailers=True)
+                return out if self.done else [*out, msg.continue_request_trailers()]
+            return [msg.continue_request_trailers()]
+        if kind == "response_headers":
+            return await self._on_response_headers(req)
+        if kind == "response_body":
+            return self._on_response_body(req.response_body)
+        if kind == "response_trailers":
+            return [msg.continue_response_trailers()]
+        return []
+
+    async def _decide(self, trailers: bool) -> list[ep.ProcessingResponse]:
+        raw = bytes(self.body)
+        self.body = bytearray()
+        try:
+            self.pick = pick = await self.picker.pick(self.headers, raw, self.subset)
+        except GatewayError as e:
+            return self._fail(e)
+        except Exception:
+            log.exception("picker error on %s", self.headers.get(":path"))
+            return self._fail(GatewayError("internal picker error", code="internal_error"))
+        if self.body_mode == BUFFERED and raw:
+            return [msg.request_body_pick(pick.destination, [], pick.payload)]
+        size = len(pick.payload) if raw else None
+        out = [msg.request_headers_pick(pick.destination, [], size)]
+        if raw:
+            out += msg.streamed_body(pick.payload, end=not trailers)
+        return out
+
+    def _protocol(self) -> Protocol | None:
+        path = self.headers.get(":path", "").split("?", 1)[0].rstrip("/")
+        return self.picker.protocols.get(path)
+
+    def _fail(self, err: GatewayError) -> list[ep.ProcessingResponse]:
+        """The error as the client API's own error response, sent by Envoy at once."""
+        self.done = True
+        protocol = self._protocol()
+        shape = protocol.errors if protocol is not None else OPENAI_ERRORS
+        rid = self.headers.get("x-request-id", "")
+        headers = [(k.decode().lower(), v.decode()) for k, v in shape.headers(err)]
+        if rid:
+            headers.append(("x-request-id", rid))
+        return [msg.immediate(shape.status(err), shape.body(err, rid), headers)]
+
+    async def _on_response_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        headers = msg.header_map(req.response_headers.headers)
+        pick = self.pick
+        if pick is None:
+            return [msg.continue_response_headers()]
+        status = int(headers.get(":status", "0") or 0)
+        added = await self.picker.served(pick, msg.served_endpoint(req), status)
+        self.tap = UsageTap(pick.protocol, headers.get("content-type", ""))
+        return [msg.response_headers_with(added)]
+
+    def _on_response_body(self, body: ep.HttpBody) -> list[ep.ProcessingResponse]:
+        if self.tap is not None:
+            self.tap.feed(body.body)
+        if self.response_mode == FULL_DUPLEX:
+            return [msg.streamed_response_body(body.body, body.end_of_stream)]
+        return [msg.continue_response_body()]
