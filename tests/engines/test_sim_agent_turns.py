@@ -238,3 +238,17 @@ def test_scripted_turn_per_request_over_responses(sim: SimProcess) -> None:
     r2 = client.responses.create(model="m", input=[{"role": "user", "content": "go"}, *follow],
                                  tools=tools, extra_body={"sim_faults": script})
     assert [o.type for o in r2.output] == ["message"]  # past the script's end: text
+
+
+def test_messages_accept_claude_codes_system_entries(sim: SimProcess) -> None:
+    """Like vLLM's ``AnthropicMessage``: ``system`` entries between the turns, the roles
+    ``ctx``/``msg`` read as user, ``tool_choice`` ``none``, ``redacted_thinking`` blocks."""
+    body = {"model": "m", "max_tokens": 4, "tool_choice": {"type": "none"}, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": "reminder"}]},
+        {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]},
+        {"role": "ctx", "content": "more"}]}
+    r = httpx.post(sim.url + "/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    assert httpx.post(sim.url + "/v1/messages", json={**body, "messages": [
+        {"role": "robot", "content": "x"}]}).status_code == 400
