@@ -6,7 +6,7 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test test-unit test-e2e lint docs docs-serve bench bench-clients clean
+.PHONY: install demo test test-unit test-e2e test-agents lint docs docs-serve bench bench-clients clean
 
 # Installs into the venv with uv when it can be had (it resolves and downloads in parallel:
 # ~4 s cold for the runtime here, against ~25 s for pip): the uv on PATH, else one that the
@@ -56,6 +56,10 @@ test: $(STAMP)  ## lint, the docs site (strict: dead links fail), the whole test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	bash tests/ensure-redis.sh
 	$(BIN)/pytest -q
+
+test-agents: $(STAMP)  ## Claude Code and Codex on scripted tasks through a gateway (npm installs cached)
+	$(BIN)/python -m tests.agents.install
+	$(BIN)/pytest -q tests/agents
 
 docs: $(STAMP)  ## build the documentation site into build/site (strict: dead links fail)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--slow-start-s", type=float, default=c.slow_start_s, metavar="SECONDS",
       help="seconds during which /health answers 503 after start")
     a("--crash", action="store_true", help="exit at the first request (the crash fault)")
+    a("--after-tool-result", choices=["text", "call", "mix"], default=c.after_tool_result,
+      help="the answer after a tool result: text (agent loops end), another call, or a "
+      "seeded mix")
+    a("--tool-arguments", choices=["required", "all"], default=c.tool_arguments,
+      help="tool-call arguments fill the schema's required properties only, or all")
     return p
 
 
@@ -137,6 +142,7 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         scheduling_policy=ns.scheduling_policy,
         enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
         legacy_error_shape=ns.legacy_error_shape, slow_start_s=ns.slow_start_s,
+        after_tool_result=ns.after_tool_result, tool_arguments=ns.tool_arguments,
         accept_sim_faults=ns.accept_sim_faults,
         perf=perf, faults=faults,
     )

@@ -298,7 +298,7 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
         # vLLM 0.32 caps the output at the room left instead of rejecting the request
         limits.append(room if requested is None else min(requested, room))
     plans = make_plans(body, prompts, n, limits, cfg.output_tokens, faults, state.textgen, chat,
-                       prefix=prefix)
+                       prefix=prefix, policy=cfg.turn_policy())
     for pl in plans:
         need = -(-(prompts[pl.index // n].num_tokens + pl.tokens) // bs)
         if need > cfg.num_gpu_blocks:

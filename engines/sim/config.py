@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engines.sim.agent import AfterToolResult, ToolArguments, TurnPolicy
 from engines.sim.faults import NO_FAULTS, Faults
 from engines.sim.perf import PerfModel
 
@@ -30,6 +31,9 @@ class SimConfig:
     - ``scheduling_policy``: vLLM's ``--scheduling-policy``: ``fcfs`` (FIFO waiting queue; a
       non-zero request ``priority`` is a 400, as in vLLM) or ``priority`` (waiting queue by
       ``priority``, lower first, then arrival).
+    - ``after_tool_result``: the answer after a tool result: ``text`` (agent loops end),
+      ``call`` (another call), ``mix`` (a call for half the prompts, by prompt and seed);
+      ``tool_arguments``: ``required`` properties only, or ``all`` (``engines.sim.agent``).
     """
 
     host: str = "127.0.0.1"
@@ -51,5 +55,11 @@ class SimConfig:
     # that carries one is refused 400, so no client can script (or crash) a shared replica
     accept_sim_faults: bool = False
     slow_start_s: float = 0.0
+    after_tool_result: AfterToolResult = "text"
+    tool_arguments: ToolArguments = "required"
     perf: PerfModel = field(default_factory=PerfModel)
     faults: Faults = NO_FAULTS
+
+    def turn_policy(self) -> TurnPolicy:
+        """The agent-turn settings of this replica (``engines.sim.agent.TurnPolicy``)."""
+        return TurnPolicy(self.after_tool_result, self.tool_arguments, self.seed)

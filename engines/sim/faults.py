@@ -18,6 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engines.sim.agent import ScriptTurn
+
 
 class Faults(BaseModel):
     """Fault script for one request or one replica; every field is optional."""
@@ -40,6 +42,9 @@ class Faults(BaseModel):
     tool_call_after_chunks: int | None = Field(
         None, ge=0, description="chunks[:N] are content, chunks[N:] the arguments of a tool call"
     )
+    script: list[ScriptTurn] | None = Field(
+        None, description="agent turns in order: model turn k of a request with tools answers "
+        "script[k] (engines/sim/agent.py); past the end, generated text")
     continuation_diverges: bool = Field(
         False, description="a continuation (continue_final_message; a completions prompt "
         "continuing its text) starts with '~' before what an uninterrupted generation has "

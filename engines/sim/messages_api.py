@@ -1,6 +1,7 @@
 """``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic) as vLLM 0.32 serves
 them (``entrypoints/anthropic/serving.py``, ``api_router.py``, ``protocol.py``).
 
+- ``thinking`` (``enabled``/``adaptive``) asks for reasoning: a ``thinking`` block first;
 - the request becomes a chat completion: ``system`` (a string or text blocks) as the system
   message, text blocks as text, ``tool_use`` blocks as tool calls, ``tool_result`` blocks as
   tool messages, tools as function tools (``input_schema`` → ``parameters``), ``tool_choice``
@@ -12,8 +13,9 @@ them (``entrypoints/anthropic/serving.py``, ``api_router.py``, ``protocol.py``).
   ``chatcmpl-tool-`` + 16 hex;
 - stream: ``event: <type>`` + ``data:``; ``message_start`` (usage ``input_tokens`` = the whole
   prompt, ``output_tokens`` 0: the first chunk carries no cache details), then per block
-  ``content_block_start`` / ``content_block_delta`` (``text_delta``, ``input_json_delta``) /
-  ``content_block_stop``, ``message_delta`` (``stop_reason``, ``stop_sequence``, usage with
+  ``content_block_start`` / ``content_block_delta`` (``thinking_delta`` then one
+  ``signature_delta``, ``text_delta``, ``input_json_delta``) / ``content_block_stop``,
+  ``message_delta`` (``stop_reason``, ``stop_sequence``, usage with
   ``input_tokens`` = prompt − cached and ``cache_read_input_tokens`` = cached when prompt token
   details are on), ``message_stop``; no ``ping``;
 - JSON (``exclude_none``): ``id``, ``type``, ``role``, ``content`` (text, then tool uses; one
@@ -37,6 +39,7 @@ from engines.sim.request import RequestContext, RequestError
 from engines.sim.responder import (
     Event,
     collect,
+    reasoning_signature,
     respond_typed_stream,
 )
 
@@ -118,9 +121,12 @@ def to_chat(body: dict[str, Any], *, need_max_tokens: bool = True) -> dict[str, 
         choice = {"auto": "auto", "any": "required", "none": "none"}.get(tc.get("type"))
         if tc.get("type") == "tool":
             choice = {"type": "function", "function": {"name": tc.get("name")}}
+    thinking = body.get("thinking")
+    effort = "medium" if isinstance(thinking, dict) and thinking.get("type") in (
+        "enabled", "adaptive") else None
     return {"model": body.get("model"), "messages": messages, "tools": tools or None,
             "tool_choice": choice or ("auto" if tools else None), "max_tokens": cap,
-            "stop": body.get("stop_sequences")}
+            "stop": body.get("stop_sequences"), "reasoning_effort": effort}
 
 
 def usage(ctx: RequestContext, final: bool) -> dict[str, Any]:
@@ -143,7 +149,8 @@ class _Builder:
     def __init__(self, ctx: RequestContext) -> None:
         self.ctx = ctx
         self.index = 0  # index of the next block
-        self.open: str | None = None  # "text" | "tool_use"
+        self.open: str | None = None  # "thinking" | "text" | "tool_use"
+        self.thinking = ""
         self.tool_used = False
 
     @staticmethod
@@ -160,13 +167,30 @@ class _Builder:
     def close(self) -> list[Event]:
         if self.open is None:
             return []
+        events = []
+        if self.open == "thinking":  # the signature closes a thinking block
+            events.append(self._ev("content_block_delta", {"index": self.index, "delta": {
+                "type": "signature_delta", "signature": reasoning_signature(self.thinking)}}))
         self.open = None
         self.index += 1
-        return [self._ev("content_block_stop", {"index": self.index - 1})]
+        return [*events, self._ev("content_block_stop", {"index": self.index - 1})]
 
     def delta(self, kind: str, text: str) -> list[Event]:
         events: list[Event] = []
-        if kind == "c":
+        if kind == "r":
+            if not text:
+                return events
+            if self.open != "thinking":
+                events += self.close()
+                self.open, self.thinking = "thinking", ""
+                events.append(self._ev("content_block_start", {"index": self.index,
+                              "content_block": {"type": "thinking", "thinking": "",
+                                                "signature": ""}}))
+            self.thinking += text
+            events.append(self._ev("content_block_delta", {
+                "index": self.index, "delta": {"type": "thinking_delta", "thinking": text}},
+                True))
+        elif kind == "c":
             if not text:
                 return events
             if self.open != "text":
@@ -222,8 +246,13 @@ async def respond_full(request: web.Request, ctx: RequestContext, deliveries: De
         return faulty
     plan = ctx.plans[0]
     text = "".join(t for k, t in plan.items if k == "c")
+    thinking = "".join(t for k, t in plan.items if k == "r")
     name = next((t for k, t in plan.items if k == "h"), None)
-    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    content: list[dict[str, Any]] = [{"type": "thinking", "thinking": thinking,
+                                      "signature": reasoning_signature(thinking)}
+                                     ] if thinking else []
+    if text:
+        content.append({"type": "text", "text": text})
     stop = STOP_REASONS.get(plan.finish, "end_turn")
     if name is not None:
         args = "".join(t for k, t in plan.items if k == "a")

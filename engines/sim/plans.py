@@ -2,18 +2,33 @@
 
 A plan is decided up front (generated words, stop strings applied, tool arguments split), so
 the scheduler knows each sequence's length and the handler maps delivered token counts to
-items. Item kinds: ``"c"`` content text, ``"h"`` tool-call header (text = tool name), ``"a"``
-tool-call arguments piece.
+items. Item kinds: ``"r"`` reasoning text, ``"c"`` content text, ``"h"`` tool-call header
+(text = tool name), ``"a"`` tool-call arguments piece. What an agent turn says (tool or text,
+arguments, reasoning, structured output, scripted turns) is decided in ``engines.sim.agent``.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from engines.sim.agent import (
+    REASONING_TOKENS,
+    ScriptTurn,
+    TurnPolicy,
+    mix,
+    script_turn,
+    structured_output,
+    tool_arguments,
+    tool_to_call,
+    wants_reasoning,
+)
 from engines.sim.faults import Faults
 from engines.sim.textgen import Prompt, TextGen, split_text
+
+PIECE_RE = re.compile(r"\s*(?:\w+|[^\w\s])|\s+")
 
 DEFAULT_TOOL_ARGS_CHUNKS = 8
 
@@ -34,29 +49,6 @@ class Plan:
     def tokens(self) -> int:
         """Output tokens of this choice."""
         return len(self.items)
-
-
-def tool_choice_name(body: dict[str, Any]) -> str | None:
-    """Name of the tool to call, or None when the request gets a text answer."""
-    tools = body.get("tools")
-    choice = body.get("tool_choice")
-    if not tools or choice == "none" or not isinstance(tools, list):
-        return None
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        if name:
-            return str(name)
-    first = tools[0] if isinstance(tools[0], dict) else {}
-    return str((first.get("function") or {}).get("name") or "tool")
-
-
-def tool_parameters(body: dict[str, Any], name: str) -> Any:
-    """The JSON-schema ``parameters`` of tool ``name`` in the request."""
-    for t in body.get("tools") or ():
-        fn = t.get("function") if isinstance(t, dict) else None
-        if isinstance(fn, dict) and fn.get("name") == name:
-            return fn.get("parameters") or {}
-    return {}
 
 
 def apply_stop(pieces: list[str], stops: list[str]) -> tuple[list[str], bool]:
@@ -99,26 +91,45 @@ def make_plans(
     gen: TextGen,
     chat: bool,
     prefix: str | None = None,
+    policy: TurnPolicy | None = None,
 ) -> list[Plan]:
     """Plans for ``len(prompts) x n`` choices; choice index = ``prompt_index * n + i``.
 
     ``max_tokens[p]`` is prompt ``p``'s output limit; ``natural_tokens`` the length at which the
     model "emits EOS" (finish "stop") unless ``ignore_eos`` is set. ``prefix``: the assistant
     text already produced (``continue_final_message``); the plan continues it (``_continue``).
+    ``policy``: the replica's agent-turn settings (default ``TurnPolicy()``).
     """
     stops = body.get("stop")
     if isinstance(stops, str):
         stop_list = [stops]
     else:
         stop_list = [s for s in stops or () if isinstance(s, str)]
-    tool = tool_choice_name(body) if chat else None
+    policy = policy or TurnPolicy()
+    # a continued turn is decided as the turn it continues (without its partial message)
+    decide = {**body, "messages": body["messages"][:-1]} if chat and prefix is not None else body
+    turn = script_turn(faults.script, decide) if chat else None
+    think = chat and prefix is None and wants_reasoning(body)
     ignore_eos = bool(body.get("ignore_eos"))
     plans: list[Plan] = []
     for p, prompt in enumerate(prompts):
         for i in range(n):
             idx = p * n + i
-            plan = _plan(idx, body, prompt, i, max_tokens[p], natural_tokens, faults, gen, tool,
-                         stop_list, ignore_eos, prefix)
+            key = prompt.key + i
+            reasoning: list[tuple[str, str]] = []
+            if think:
+                count = min(REASONING_TOKENS, max(0, max_tokens[p] - 1))
+                reasoning = [("r", t) for t in gen.pieces(mix(prompt.key, "reasoning"), i, count)]
+            if turn is not None and (turn.text is not None or turn.tool):
+                plan = _scripted_turn(idx, turn, reasoning, prefix)
+            else:  # past a script's end: a generated text answer
+                tool = tool_to_call(decide, policy, key) if chat and turn is None else None
+                fmt = structured_output(body, policy, key) if chat and tool is None else None
+                plan = _plan(idx, body, prompt, i, max_tokens[p] - len(reasoning),
+                             natural_tokens, faults, gen, tool, stop_list, ignore_eos, prefix,
+                             policy, fmt)
+                if reasoning:
+                    plan.items[:0] = reasoning
             plan.limit = max_tokens[p]
             plans.append(plan)
     return plans
@@ -127,7 +138,7 @@ def make_plans(
 def _plan(
     idx: int, body: dict[str, Any], prompt: Prompt, i: int, limit: int, natural: int,
     faults: Faults, gen: TextGen, tool: str | None, stops: list[str], ignore_eos: bool,
-    prefix: str | None = None,
+    prefix: str | None = None, policy: TurnPolicy | None = None, structured: str | None = None,
 ) -> Plan:
     if faults.chunks is not None:
         after = faults.tool_call_after_chunks
@@ -146,9 +157,14 @@ def _plan(
         items.extend(("a", c) for c in faults.chunks[after:])
         return Plan(idx, items, "tool_calls", True)
     if tool is not None:
-        args = gen.tool_arguments(tool_parameters(body, tool), prompt.key + i)
+        args = tool_arguments(body, tool, policy or TurnPolicy(), prompt.key + i)
         pieces = split_text(args, faults.tool_args_chunks or DEFAULT_TOOL_ARGS_CHUNKS)
         return Plan(idx, [("h", tool), *(("a", a) for a in pieces)], "tool_calls", True)
+    if structured is not None:  # the whole JSON value unless the cap cuts it (vLLM: "length")
+        pieces = PIECE_RE.findall(structured)
+        cut = pieces[: max(1, limit)]
+        return Plan(idx, [("c", t) for t in cut], "length" if len(cut) < len(pieces) else "stop",
+                    False)
     natural = faults.output_tokens or natural
     if prefix is not None:
         pieces, natural = _continue(gen, prompt.key, i, prefix, limit, natural, ignore_eos)
@@ -165,6 +181,19 @@ def _plan(
     if not pieces:
         pieces = [""]
     return Plan(idx, [("c", t) for t in pieces], finish, False)
+
+
+def _scripted_turn(idx: int, turn: ScriptTurn, reasoning: list[tuple[str, str]],
+                   prefix: str | None) -> Plan:
+    """The plan of a scripted agent turn: ``reasoning``, the turn's text (one item per token,
+    the part after ``prefix`` for a continued turn), then its tool call."""
+    pieces = _scripted_rest(PIECE_RE.findall(turn.text or ""), prefix or "")
+    items = [*reasoning, *(("c", t) for t in pieces if t)]
+    if turn.tool is None:
+        return Plan(idx, items or [("c", "")], "stop", True)
+    args = split_text(turn.arguments_json(), DEFAULT_TOOL_ARGS_CHUNKS)
+    items += [("h", turn.tool), *(("a", a) for a in args)]
+    return Plan(idx, items, "tool_calls", True)
 
 
 def _scripted_rest(chunks: list[str], prefix: str) -> list[str]:

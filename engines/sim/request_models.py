@@ -12,9 +12,10 @@ Mirrored (field types only; vLLM's models allow extra fields, so do these):
   params): ``input`` a string or items, ``tools`` an array of tool objects, ``tool_choice``
   a mode or an object with a ``type``, ``instructions`` a string;
 - Messages: ``entrypoints/anthropic/protocol.py`` ``AnthropicMessagesRequest``,
-  ``AnthropicMessage`` (role ``user``/``assistant``), ``AnthropicContentBlock`` (``type`` one of
-  vLLM's five; ``tool_result.content`` a string or an array of objects), ``AnthropicTool``
-  (``input_schema`` an object), ``AnthropicToolChoice`` (``auto``/``any``/``tool``).
+  ``AnthropicMessage`` (role ``user``/``assistant``/``system``, ``ctx``/``msg`` read as
+  ``user``), ``AnthropicContentBlock`` (``type`` one of vLLM's seven; ``tool_result.content``
+  a string or an array of objects), ``AnthropicTool`` (``input_schema`` an object),
+  ``AnthropicToolChoice`` (``auto``/``any``/``tool``/``none``).
 
 A tool's parameter schema must also be a JSON Schema (``jsonschema``'s meta-schema check, the
 draft its ``$schema`` names, else 2020-12): vLLM hands it to its structured-output backend,
@@ -27,7 +28,7 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError as JsonSchemaError
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
 from engines.sim.messages_api import SchemaError
 
@@ -109,7 +110,8 @@ class ResponsesRequest(_Open):
 
 
 class AnthropicContentBlock(_Open):
-    type: Literal["text", "image", "tool_use", "tool_result", "thinking"]
+    type: Literal["text", "image", "tool_use", "tool_result", "tool_reference", "thinking",
+                  "redacted_thinking"]
     text: str | None = None
     source: dict[str, Any] | None = None
     tool_use_id: str | None = None
@@ -122,8 +124,15 @@ class AnthropicContentBlock(_Open):
 
 
 class AnthropicMessage(_Open):
-    role: Literal["user", "assistant", "system"]  # vLLM 0.32 takes system entries in place
+    # vLLM accepts system entries between the turns (Claude Code sends them on every request)
+    # and maps Claude Code's non-standard roles ``ctx``/``msg`` to ``user``
+    role: Literal["user", "assistant", "system"]
     content: str | list[AnthropicContentBlock]
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _normalize_role(cls, v: Any) -> Any:
+        return {"ctx": "user", "msg": "user"}.get(v, v) if isinstance(v, str) else v
 
 
 class AnthropicTool(_Open):
@@ -133,7 +142,7 @@ class AnthropicTool(_Open):
 
 
 class AnthropicToolChoice(_Open):
-    type: Literal["auto", "any", "tool"]
+    type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
 
 

@@ -9,6 +9,8 @@ answer one JSON body.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -29,13 +31,20 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
 def delivered_events(
     plan: Plan, items: list[tuple[str, str]], done: bool
 ) -> list[tuple[str, str]]:
-    """Events for newly delivered ``items``: scripted items one each, model text coalesced;
-    a finished choice with nothing new gets one empty content item."""
+    """Events for newly delivered ``items``: scripted items one each, model text (reasoning,
+    content) coalesced per run of one kind; a finished choice with nothing new gets one empty
+    content item."""
     if plan.scripted:
         evs = list(items)
     else:
-        text = "".join(t for _, t in items)
-        evs = [("c", text)] if text else []
+        evs = []
+        for kind, t in items:
+            if not t:
+                continue
+            if evs and evs[-1][0] == kind:
+                evs[-1] = (kind, evs[-1][1] + t)
+            else:
+                evs.append((kind, t))
     if done and not evs:
         evs.append(("c", ""))
     return evs
@@ -66,6 +75,8 @@ class _Builder:
             choice = P.text_choice(index, text, finish)
         elif kind == "c":
             choice = P.delta_choice(index, {"content": text}, finish)
+        elif kind == "r":  # vLLM's reasoning parser output (``reasoning``, 0.32's field)
+            choice = P.delta_choice(index, {"reasoning": text}, finish)
         elif kind == "h":
             call_id = self.call_ids.setdefault(index, P.random_id("chatcmpl-tool-"))
             choice = P.delta_choice(index, P.tool_call_header(call_id, text), finish)
@@ -170,13 +181,23 @@ async def respond_full(
 
 def _chat_choice(pl: Plan) -> dict[str, Any]:
     content = "".join(t for k, t in pl.items if k == "c")
+    reasoning = "".join(t for k, t in pl.items if k == "r") or None
     name = next((t for k, t in pl.items if k == "h"), None)
     if name is None:
-        return P.chat_message_choice(pl.index, content, pl.finish)
-    args = "".join(t for k, t in pl.items if k == "a")
-    call = {"id": P.random_id("chatcmpl-tool-"), "type": "function",
-            "function": {"name": name, "arguments": args}}
-    return P.chat_message_choice(pl.index, content or None, pl.finish, [call])
+        choice = P.chat_message_choice(pl.index, content, pl.finish)
+    else:
+        args = "".join(t for k, t in pl.items if k == "a")
+        call = {"id": P.random_id("chatcmpl-tool-"), "type": "function",
+                "function": {"name": name, "arguments": args}}
+        choice = P.chat_message_choice(pl.index, content or None, pl.finish, [call])
+    choice["message"]["reasoning"] = reasoning
+    return choice
+
+
+def reasoning_signature(text: str) -> str:
+    """An opaque signature of a thinking block / encrypted reasoning (base64 of a SHA-256 of
+    the text): clients store it and send it back unread."""
+    return base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
 
 
 async def respond_typed_stream(

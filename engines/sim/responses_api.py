@@ -10,6 +10,10 @@ Shapes from vLLM 0.32 ``entrypoints/openai/responses/`` (``serving.py``, ``proto
   ``resp_`` + 16 hex; ``store`` is silently treated as false; ``previous_response_id`` is 404
   (``Response with id '<id>' not found.``) as nothing is stored; ``background`` with ``store``
   is 400;
+- ``reasoning`` asks for reasoning (a ``reasoning`` item first: ``reasoning_part.added``,
+  ``reasoning_text.delta``/``.done``, ``reasoning_part.done``; ``encrypted_content`` set when
+  ``include`` has ``reasoning.encrypted_content``); ``text.format`` ``json_schema`` /
+  ``json_object`` is the chat ``response_format``;
 - stream: ``event: <type>`` + ``data: {json}`` per event, ``sequence_number`` from 0:
   ``response.created``, ``response.in_progress``, then per output item ``output_item.added``
   (+ ``content_part.added`` for a message), its deltas (``output_text.delta``,
@@ -38,6 +42,7 @@ from engines.sim.request import RequestContext, RequestError
 from engines.sim.responder import (
     Event,
     collect,
+    reasoning_signature,
     respond_typed_stream,
 )
 
@@ -101,8 +106,33 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     choice = body.get("tool_choice", "auto")
     if isinstance(choice, dict) and choice.get("type") == "function":
         choice = {"type": "function", "function": {"name": choice.get("name")}}
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") or "medium" if isinstance(reasoning, dict) else None
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    response_format: dict[str, Any] | None = None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        response_format = {"type": "json_schema", "json_schema": {
+            "name": fmt.get("name"), "schema": fmt.get("schema"), "strict": fmt.get("strict")}}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        response_format = {"type": "json_object"}
     return {"model": body.get("model"), "messages": messages, "tools": tools or None,
-            "tool_choice": choice, "max_tokens": body.get("max_output_tokens")}
+            "tool_choice": choice, "max_tokens": body.get("max_output_tokens"),
+            "reasoning_effort": effort, "response_format": response_format}
+
+
+def encrypted(ctx: RequestContext) -> bool:
+    """True when the request's ``include`` asks for ``reasoning.encrypted_content``."""
+    include = ctx.body.get("include")
+    return isinstance(include, list) and "reasoning.encrypted_content" in include
+
+
+def reasoning_item(item_id: str, text: str, status: str | None,
+                   encrypted_content: str | None) -> dict[str, Any]:
+    """A ``reasoning`` output item (vLLM: the reasoning parser's text as one
+    ``reasoning_text`` content part, no summary)."""
+    return {"id": item_id, "summary": [], "type": "reasoning",
+            "content": [{"text": text, "type": "reasoning_text"}] if text else [],
+            "encrypted_content": encrypted_content, "status": status}
 
 
 class _Builder:
@@ -112,7 +142,7 @@ class _Builder:
         self.ctx = ctx
         self.seq = 0
         self.index = -1  # output_index of the open item
-        self.open: str | None = None  # "message" | "function_call"
+        self.open: str | None = None  # "reasoning" | "message" | "function_call"
         self.item_id = ""
         self.call_id = ""
         self.name = ""
@@ -131,7 +161,24 @@ class _Builder:
 
     def delta(self, kind: str, text: str) -> list[Event]:
         events: list[Event] = []
-        if kind == "c":
+        if kind == "r":
+            if not text:
+                return events
+            if self.open != "reasoning":
+                events += self.close()
+                self.index, self.open, self.acc = self.index + 1, "reasoning", ""
+                self.item_id = P.random_id("rs_")
+                item = reasoning_item(self.item_id, "", "in_progress", None)
+                events.append(self._ev("response.output_item.added",
+                                       {"output_index": self.index, "item": item}))
+                events.append(self._ev("response.reasoning_part.added", {
+                    "output_index": self.index, "item_id": self.item_id, "content_index": 0,
+                    "part": {"text": "", "type": "reasoning_text"}}))
+            self.acc += text
+            events.append(self._ev("response.reasoning_text.delta", {
+                "content_index": 0, "delta": text, "item_id": self.item_id,
+                "output_index": self.index}, True))
+        elif kind == "c":
             if not text:
                 return events
             if self.open != "message":
@@ -167,7 +214,17 @@ class _Builder:
         if self.open is None:
             return []
         at = {"output_index": self.index, "item_id": self.item_id}
-        if self.open == "message":
+        if self.open == "reasoning":
+            part = {"text": self.acc, "type": "reasoning_text"}
+            sealed = reasoning_signature(self.acc) if encrypted(self.ctx) else None
+            item = reasoning_item(self.item_id, self.acc, "completed", sealed)
+            events = [
+                self._ev("response.reasoning_text.done",
+                         {**at, "content_index": 0, "text": self.acc}),
+                self._ev("response.reasoning_part.done",
+                         {**at, "content_index": 0, "part": part}),
+            ]
+        elif self.open == "message":
             part = output_text(self.acc)
             item = message(self.item_id, self.acc)
             events = [
@@ -212,12 +269,14 @@ def function_call(item_id: str, call_id: str, name: str, args: str, status: str)
 def usage(ctx: RequestContext) -> dict[str, Any]:
     """The Responses usage object (cached tokens always reported, as vLLM does)."""
     p, c, o = ctx.prompt_tokens, ctx.cached_tokens(), ctx.completion_tokens
+    plan = ctx.plans[0]
+    r = sum(1 for k, _ in plan.items[: plan.pos] if k == "r")
     return {
         "input_tokens": p,
         "input_tokens_details": {"cached_tokens": c, "cache_write_tokens": 0,
                                  "input_tokens_per_turn": [p], "cached_tokens_per_turn": [c]},
         "output_tokens": o,
-        "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+        "output_tokens_details": {"reasoning_tokens": r, "tool_output_tokens": 0,
                                   "output_tokens_per_turn": [o],
                                   "tool_output_tokens_per_turn": [0]},
         "total_tokens": p + o,
@@ -264,8 +323,12 @@ async def respond_full(request: web.Request, ctx: RequestContext, deliveries: De
         return faulty
     plan = ctx.plans[0]
     text = "".join(t for k, t in plan.items if k == "c")
+    thought = "".join(t for k, t in plan.items if k == "r")
     name = next((t for k, t in plan.items if k == "h"), None)
     output: list[dict[str, Any]] = []
+    if thought:
+        sealed = reasoning_signature(thought) if encrypted(ctx) else None
+        output.append(reasoning_item(P.random_id("rs_"), thought, "completed", sealed))
     if text or name is None:
         output.append(message(P.random_id("msg_"), text))
     if name is not None:

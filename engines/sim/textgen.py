@@ -202,37 +202,6 @@ class TextGen:
                 return split, crc
         return None
 
-    def word(self, key: int, index: int) -> str:
-        """One vocabulary word (for tool-argument string values)."""
-        return VOCAB[(key + index * 7919) % len(VOCAB)]
-
-    def tool_arguments(self, parameters: Any, key: int) -> str:
-        """A deterministic JSON object built from a JSON-schema ``parameters`` object."""
-        props = parameters.get("properties") if isinstance(parameters, dict) else None
-        args: dict[str, Any] = {}
-        if isinstance(props, dict):
-            for i, (name, schema) in enumerate(props.items()):
-                args[name] = self._value(schema if isinstance(schema, dict) else {}, key + i)
-        return orjson.dumps(args).decode().replace('":', '": ').replace(',"', ', "')
-
-    def _value(self, schema: dict[str, Any], key: int) -> Any:
-        if schema.get("enum"):
-            return schema["enum"][0]
-        kind = schema.get("type")
-        if isinstance(kind, list):
-            kind = next((k for k in kind if k != "null"), "string")
-        if kind == "integer":
-            return key % 100
-        if kind == "number":
-            return (key % 1000) / 10
-        if kind == "boolean":
-            return key % 2 == 0
-        if kind == "array":
-            return [self._value(schema.get("items") or {}, key)]
-        if kind == "object":
-            return {}
-        return self.word(key, 0)
-
 
 def split_text(text: str, n: int) -> list[str]:
     """Cut ``text`` into ``n`` consecutive non-empty pieces of similar length (fewer if short)."""

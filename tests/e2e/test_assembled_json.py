@@ -13,7 +13,8 @@ from tests.e2e.stack import MODEL, Stack
 pytestmark = pytest.mark.e2e
 SIM_ARGS = ("--time-scale", "0.02", "--seed", "0", "--output-tokens", "24")
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}]
 MSGS = [{"role": "user", "content": "Tell me about the weather."}]
 
 

@@ -142,6 +142,7 @@ def test_toolcall_incremental(http: httpx.Client):
                 "parameters": {
                     "type": "object",
                     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                    "required": ["city", "days"],
                 },
             },
         }

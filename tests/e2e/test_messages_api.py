@@ -26,7 +26,8 @@ PRICES = {
              "output_per_mtok_usd": 30.0},
 }
 TOOLS = [{"name": "get_weather", "description": "Weather of a city",
-          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}]
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -89,7 +90,9 @@ def test_tool_use_and_tool_result(client: anthropic.Anthropic, stack: Stack):
     (call,) = [b for b in m.content if b.type == "tool_use"]
     assert m.stop_reason == "tool_use" and call.name == "get_weather"
     assert set(call.input) == {"city"}
-    with client.messages.stream(model=MODEL, max_tokens=64, tools=TOOLS, messages=[
+    # tool_choice any: a call again (after a tool result the model answers text by default)
+    with client.messages.stream(model=MODEL, max_tokens=64, tools=TOOLS,
+                                tool_choice={"type": "any"}, messages=[
         *USER,
         {"role": "assistant", "content": [{"type": "tool_use", "id": call.id,
                                            "name": call.name, "input": call.input}]},

@@ -35,7 +35,7 @@ WEATHER_TOOL = {
                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
                 "days": {"type": "integer"},
             },
-            "required": ["city"],
+            "required": ["city", "unit", "days"],
         },
     },
 }

@@ -29,7 +29,8 @@ PRICES = {
 }
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                          "days": {"type": "integer"}}}}]
+                                                          "days": {"type": "integer"}},
+                         "required": ["city", "days"]}}]
 SIMPLE_EVENTS = [
     "response.created", "response.in_progress", "response.output_item.added",
     "response.content_part.added", "response.output_text.delta",

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.e2e
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 TOOLS = [{"type": "function", "name": "run_tests", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}}}]
+    "type": "object", "properties": {"path": {"type": "string"}},
+    "required": ["path"]}}]
 
 
 @pytest.fixture(scope="module")

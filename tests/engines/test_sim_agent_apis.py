@@ -60,7 +60,7 @@ def test_responses_stream_and_json_agree(sim: SimProcess) -> None:
 
 def test_responses_function_call_and_not_stored(sim: SimProcess) -> None:
     tools = [{"type": "function", "name": "f", "parameters": {
-        "type": "object", "properties": {"n": {"type": "integer"}}}}]
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}]
     client = openai.OpenAI(base_url=sim.base_url, api_key="x", max_retries=0)
     r = client.responses.create(model="m", input="call f", tools=tools)
     (call,) = r.output

@@ -15,7 +15,8 @@ from engines.sim.testing import SimProcess, start_sim
 pytestmark = pytest.mark.e2e
 MSGS = [{"role": "user", "content": "Say something."}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}]
 
 
 @pytest.fixture(scope="module")

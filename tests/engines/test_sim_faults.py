@@ -68,7 +68,8 @@ def test_plans_length_and_finish_reasons() -> None:
 
 def test_tool_plan_and_scripted_tool_after_chunks() -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}}}}}]
+        "type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["city", "n"]}}}]
     pl = _plans({"tools": tools}, Faults(tool_args_chunks=5))[0]
     assert pl.finish == "tool_calls" and pl.items[0] == ("h", "f")
     assert len(pl.items) == 6

@@ -1,0 +1,174 @@
+"""How the simulator plays an agent's model turn: whether it calls a tool or answers, with which
+arguments, whether it reasons first, what structured output it writes, and scripted turns.
+Pure; the chat-form request body (``engines.sim.apis``' ``to_chat``) is the input.
+
+- after a tool result (the conversation ends with a ``tool`` message) the answer is text under
+  the default policy ``text`` (so agent loops end), another call under ``call``, and under
+  ``mix`` a call for half the prompts, chosen by the prompt and ``--seed``;
+- ``tool_choice`` ``required`` or a named function always calls, ``none`` never does;
+- arguments: :func:`engines.sim.schema_values.schema_value` of the tool's ``parameters``
+  (required properties only unless ``tool_arguments`` is ``all``);
+- reasoning is asked by ``reasoning_effort`` (other than ``none``) or ``chat_template_kwargs``
+  ``enable_thinking``/``thinking`` true; Messages ``thinking`` and Responses ``reasoning`` map to
+  ``reasoning_effort`` in their ``to_chat``;
+- structured output: ``response_format`` ``json_object`` (an object of words) or
+  ``json_schema`` (a value of its ``schema``);
+- a script (the fault field ``script``, per request or per replica) fixes the answer of each
+  turn: turn *k* is the conversation's *k*-th model turn (0 = the first answer; consecutive
+  assistant messages are one turn), only for requests that carry tools (an agent's side
+  requests, e.g. a title, keep the generated text); turns past the script's end answer text.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engines.sim.schema_values import schema_value
+
+AfterToolResult = Literal["text", "call", "mix"]
+ToolArguments = Literal["required", "all"]
+REASONING_TOKENS = 12  # reasoning tokens before the answer when a request asks for reasoning
+
+
+class ScriptTurn(BaseModel):
+    """One scripted model turn: ``text`` (the answer, or the text before the call), ``tool`` +
+    ``arguments`` (a call of that tool; ``arguments`` an object or its JSON text)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str | None = Field(None, description="answer text (before the call when tool is set)")
+    tool: str | None = Field(None, description="name of the tool to call")
+    arguments: dict[str, Any] | str | None = Field(None, description="the call's arguments")
+
+    def arguments_json(self) -> str:
+        """The call's arguments as JSON text (``{}`` when unset)."""
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return json.dumps(self.arguments or {}, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPolicy:
+    """A replica's agent-turn settings: ``after_tool_result`` (``text`` | ``call`` | ``mix``),
+    ``tool_arguments`` (``required`` | ``all`` properties), ``seed`` (mixes the choices)."""
+
+    after_tool_result: AfterToolResult = "text"
+    tool_arguments: ToolArguments = "required"
+    seed: int = 0
+
+
+def mix(key: int, label: str) -> int:
+    """A derived 32-bit key: CRC32 of ``label`` seeded with ``key``."""
+    return zlib.crc32(label.encode(), key & 0xFFFFFFFF)
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    msgs = body.get("messages")
+    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
+
+
+def after_tool_result(body: dict[str, Any]) -> bool:
+    """True when the conversation's last message is a tool result."""
+    msgs = _messages(body)
+    return bool(msgs) and msgs[-1].get("role") == "tool"
+
+
+def turn_index(body: dict[str, Any]) -> int:
+    """How many model turns the conversation already holds (runs of assistant messages)."""
+    turns, prev = 0, None
+    for m in _messages(body):
+        role = m.get("role")
+        if role == "assistant" and prev != "assistant":
+            turns += 1
+        prev = role
+    return turns
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    """Names of the request's function tools, in order."""
+    out = []
+    for t in body.get("tools") or ():
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and fn.get("name"):
+            out.append(str(fn["name"]))
+    return out
+
+
+def tool_to_call(body: dict[str, Any], policy: TurnPolicy, key: int) -> str | None:
+    """Name of the tool this turn calls, or None for a text answer (module docstring)."""
+    names = tool_names(body) if isinstance(body.get("tools"), list) else []
+    choice = body.get("tool_choice")
+    if not body.get("tools") or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name:
+            return str(name)
+    first = names[0] if names else "tool"
+    if choice == "required" or not after_tool_result(body):
+        return first
+    if policy.after_tool_result == "call":
+        return first
+    if policy.after_tool_result == "mix" and mix(key ^ policy.seed, "after-tool") % 2:
+        return first
+    return None
+
+
+def tool_parameters(body: dict[str, Any], name: str) -> Any:
+    """The JSON-schema ``parameters`` of tool ``name`` in the request (``{}`` if absent)."""
+    for t in body.get("tools") or ():
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and fn.get("name") == name:
+            return fn.get("parameters") or {}
+    return {}
+
+
+def tool_arguments(body: dict[str, Any], name: str, policy: TurnPolicy, key: int) -> str:
+    """JSON arguments for a call of ``name``, valid against its ``parameters``."""
+    value = schema_value(tool_parameters(body, name), mix(key ^ policy.seed, name),
+                         all_properties=policy.tool_arguments == "all")
+    return json.dumps(value if isinstance(value, dict) else {}, ensure_ascii=False)
+
+
+def wants_reasoning(body: dict[str, Any]) -> bool:
+    """True when the (chat-form) request asks for reasoning output (module docstring)."""
+    effort = body.get("reasoning_effort")
+    if isinstance(effort, str) and effort != "none":
+        return True
+    kwargs = body.get("chat_template_kwargs")
+    return isinstance(kwargs, dict) and bool(kwargs.get("enable_thinking") or
+                                             kwargs.get("thinking"))
+
+
+def structured_output(body: dict[str, Any], policy: TurnPolicy, key: int) -> str | None:
+    """The JSON text a ``response_format`` of type ``json_object``/``json_schema`` asks for
+    (valid against the schema), or None when the request asks for plain text."""
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict):
+        return None
+    kind = fmt.get("type")
+    k = mix(key ^ policy.seed, "structured")
+    if kind == "json_object":
+        return json.dumps({"answer": schema_value({"type": "string"}, k)})
+    if kind != "json_schema":
+        return None
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    value = schema_value(schema if isinstance(schema, dict) else {"type": "object"}, k,
+                         all_properties=policy.tool_arguments == "all")
+    return json.dumps(value, ensure_ascii=False)
+
+
+def script_turn(script: list[ScriptTurn] | None, body: dict[str, Any]) -> ScriptTurn | None:
+    """The scripted answer for this request (module docstring), or None (no script, or no
+    tools). Past the script's end: ``ScriptTurn()`` (every field None), a generated text
+    answer."""
+    if not script or not body.get("tools"):
+        return None
+    k = turn_index(body)
+    return script[k] if k < len(script) else ScriptTurn()
