@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="tokens per KV-cache block")
     a("--num-gpu-blocks", type=int, default=c.num_gpu_blocks, metavar="BLOCKS",
       help="KV-cache size in blocks (x --block-size tokens)")
+    a("--kv-cache-tokens", type=int, default=None, metavar="TOKENS",
+      help="KV-cache size in tokens (rounded down to whole blocks; overrides --num-gpu-blocks)")
     a("--output-tokens", type=int, default=c.output_tokens, metavar="TOKENS",
       help="natural completion length in tokens, when max_tokens allows it")
     a("--mode", choices=["standard", "speculative"], default="standard",
@@ -101,6 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def kv_refusal(max_model_len: int, num_gpu_blocks: int, block_size: int) -> str | None:
+    """vLLM's start-up refusal when one ``max_model_len`` sequence cannot fit the KV pool
+    (``vllm/v1/core/kv_cache_utils.py`` ``_check_enough_kv_cache_memory``: a request takes
+    ``cdiv(max_model_len, block_size)`` blocks), or None when it fits."""
+    need = -(-max_model_len // block_size)
+    if need <= num_gpu_blocks:
+        return None
+    return (f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"{need} KV cache blocks are needed, which is larger than the available KV cache "
+            f"({num_gpu_blocks} blocks of {block_size} tokens). Based on the available memory, "
+            f"the estimated maximum model length is {num_gpu_blocks * block_size}. Try "
+            f"decreasing `max_model_len`.")
+
+
 def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
     """Parse ``argv`` into a :class:`SimConfig` (exits with a usage error on bad input)."""
     p = build_parser()
@@ -115,6 +131,12 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         p.error(f"--faults: {e}")
     if ns.crash:
         faults = faults.merged(Faults(crash=True))
+    if ns.block_size < 1:
+        p.error("--block-size must be >= 1")
+    if ns.kv_cache_tokens is not None:
+        ns.num_gpu_blocks = ns.kv_cache_tokens // ns.block_size
+    if (refusal := kv_refusal(ns.max_model_len, ns.num_gpu_blocks, ns.block_size)) is not None:
+        p.error(refusal)
     k = ns.num_speculative_tokens if ns.mode == "speculative" else 0
     perf = PerfModel(
         prefill_ms_per_token=ns.prefill_ms_per_token,

@@ -51,6 +51,18 @@ class Replica:
     prefix_queries: float = 0.0  # vllm:prefix_cache_queries (prompt tokens), cumulative
     prefix_hits: float = 0.0  # vllm:prefix_cache_hits (prompt tokens), cumulative
     engine_load_at: float = 0.0
+    # KV capacity the engine reports (gateway.routing.load): vllm:cache_config_info labels,
+    # vllm:num_preemptions (cumulative) and max_model_len from its /v1/models; 0 = unknown
+    kv_num_blocks: int = 0
+    kv_block_size: int = 0
+    kv_cache_dtype: str = ""
+    engine_preemptions: float = 0.0
+    max_model_len: int = 0
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the replica's KV pool holds (``num_gpu_blocks × block_size``); 0 = unknown."""
+        return self.kv_num_blocks * self.kv_block_size
 
     def __post_init__(self) -> None:
         self.safe_url = redact_url(self.url)

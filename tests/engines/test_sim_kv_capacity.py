@@ -1,0 +1,62 @@
+"""The simulator's KV capacity as vLLM shows it: ``vllm:cache_config_info`` and
+``vllm:num_preemptions`` exported, capacity set in tokens or blocks, the start-up refusal when
+one ``max_model_len`` sequence cannot fit, and the gateway's scraper reading all of it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from engines.sim.cli import kv_refusal, parse_config
+from engines.sim.testing import start_sim
+from gateway.config import UpstreamConfig
+from gateway.routing.load import (
+    KV_BLOCK_SIZE,
+    KV_BLOCKS,
+    PREEMPTIONS,
+    LoadScraper,
+    parse_engine_metrics,
+)
+from gateway.routing.pools import Replica
+from gateway.upstream.client import Upstream
+
+
+def test_capacity_in_tokens_rounds_down_to_blocks() -> None:
+    cfg = parse_config(["--kv-cache-tokens", "100000", "--block-size", "16",
+                        "--max-model-len", "65536"])
+    assert cfg.num_gpu_blocks == 6250
+    assert parse_config(["--num-gpu-blocks", "300", "--max-model-len", "4800"]).num_gpu_blocks \
+        == 300
+
+
+def test_start_up_refusal_when_one_max_model_len_sequence_cannot_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert kv_refusal(2048, 16, 128) is None  # exactly one sequence fits
+    assert "17 KV cache blocks are needed" in (kv_refusal(2049, 16, 128) or "")
+    with pytest.raises(SystemExit) as e:
+        parse_config(["--max-model-len", "1048576", "--kv-cache-tokens", "1000000"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "max seq len (1048576)" in err and "estimated maximum model length is 1000000" in err
+
+
+def test_sim_exports_cache_config_and_the_gateway_scrapes_it() -> None:
+    with start_sim(time_scale=0, model="m", num_gpu_blocks=4096, block_size=32,
+                   max_model_len=65536) as sim:
+        async def run() -> Replica:
+            upstream = Upstream(UpstreamConfig())
+            try:
+                r = Replica(sim.url, "m/standard")
+                await LoadScraper(None, upstream).scrape(r)  # type: ignore[arg-type]
+                return r
+            finally:
+                await upstream.close()
+
+        r = asyncio.run(run())
+        values = parse_engine_metrics(httpx.get(sim.url + "/metrics").text)
+    assert (values[KV_BLOCKS], values[KV_BLOCK_SIZE], values[PREEMPTIONS]) == (4096, 32, 0)
+    assert (r.kv_num_blocks, r.kv_block_size, r.kv_tokens) == (4096, 32, 131_072)
+    assert r.kv_cache_dtype == "auto" and r.max_model_len == 65536 and r.engine_preemptions == 0
