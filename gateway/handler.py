@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.admit.control import Ticket
-from gateway.admit.gate import Gate
+from gateway.admit.gate import Gate, estimate_tokens
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.params import check_sampling_params
 from gateway.admit.ratelimit import Reservation
@@ -37,6 +37,7 @@ from gateway.relay.body import ParsedBody
 from gateway.relay.resume import relay_resumable
 from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
+from gateway.routing.fit import check_chain, limits_known
 from gateway.state import GatewayState
 from gateway.telemetry.accounting import account
 from gateway.telemetry.cost import cost_usd
@@ -116,6 +117,8 @@ class Endpoint:
                                        ticket.over_soft_budget)
             plan = plan_request(treq, state.pools, allowed, choice)
             plan.route, rec.auto_choice = route, plan.auto
+            # only replicas whose context and KV pool hold it; fits none: refused now
+            await self._fit(plan, route, body, raw_size)
             plan.engine_priority = ticket.engine_priority
             timeouts = client_timeouts(
                 header(scope, b"x-speedgate-timeout"),
@@ -187,6 +190,24 @@ class Endpoint:
                         await gate.release(reservation, rec)
                 finally:  # the pool slot back, the session's budget settled at its cost
                     await state.admission.leave(ticket, rec)
+
+    async def _fit(
+        self, plan: Plan, route: RouteRequest, body: ParsedBody, raw_size: int
+    ) -> None:
+        """Count the request's tokens (prompt + output cap) when some replica of the chain has
+        known limits, keep the pools where it fits (``gateway.routing.fit``; reason
+        ``context-does-not-fit`` when the first tier is dropped) and let the picker skip the
+        replicas it does not fit. Raises ``ContextTooLong`` (400) when it fits none."""
+        if not self.protocol.generates or not limits_known(plan.chain):
+            return
+        route.tokens = await estimate_tokens(
+            body.conversation, self.protocol.count_kind,  # type: ignore[arg-type]
+            raw_size, self.state.config.telemetry.usage_estimate_encoding,
+        )
+        first = plan.chain[0] if plan.chain else None
+        plan.chain = check_chain(plan.chain, route.tokens)
+        if plan.chain and plan.chain[0] is not first:
+            plan.reason = "context-does-not-fit"
 
     async def _cut_by_shutdown(
         self, send: Any, rec: RequestRecord, codecs: list[StreamCodec]

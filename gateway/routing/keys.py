@@ -141,6 +141,7 @@ class RouteRequest:
     lead: int = 0  # texts before the first user message (system/developer preamble)
     blocks: dict[int, list[bytes]] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)
+    tokens: int = 0  # prompt estimate + output cap, for the fit filter (routing.fit); 0 = unknown
 
     @classmethod
     def from_doc(

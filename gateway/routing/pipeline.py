@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 
 from gateway.routing.filters import not_tried, over_share, overloaded, under_bound
+from gateway.routing.fit import fitting
 from gateway.routing.hashring import hash_order
 from gateway.routing.keys import RouteRequest, sampled_indices
 from gateway.routing.ledger import SessionLedger
@@ -89,6 +90,8 @@ class PoolRouter:
         """The replica for the next attempt, or None when no candidate is left."""
         cfg = self.pool.config.routing
         cands = not_tried(candidates, exclude)
+        if route is not None and route.tokens:
+            cands = fitting(cands, route.tokens)  # replicas too small for it never see it
         if not cands:
             return None
         if cfg.policy == "round_robin" or route is None:

@@ -37,6 +37,9 @@ from gateway.upstream.attempt import (
 from gateway.upstream.deadline import ClientTimeouts, total_timeout_s
 from gateway.upstream.retry import full_jitter_backoff_s
 
+# plan reasons that dropped the asked-for tier before any attempt (the fallback header says so)
+PLANNED_FALLBACKS = ("tier-unavailable", "context-does-not-fit")
+
 
 async def open_with_failover(
     state: GatewayState,
@@ -79,7 +82,8 @@ async def open_with_failover(
     metrics = state.metrics
     payloads: dict[tuple[str, int | None], bytes] = {}
     loop = asyncio.get_running_loop()
-    reasons: list[str] = [plan.reason] if plan.reason == "tier-unavailable" else []
+    # the first tier dropped before any attempt: why, in the fallback header
+    reasons: list[str] = [plan.reason] if plan.reason in PLANNED_FALLBACKS else []
     rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
     last: GatewayError | None = None
     deadline: float | None = None
@@ -219,7 +223,7 @@ async def open_with_failover(
             opened.span = span
             rec.served_tier = pool.tier
             rec.ttft_s = opened.ttft_s
-            if pool is not plan.chain[0] or plan.reason == "tier-unavailable":
+            if pool is not plan.chain[0] or plan.reason in PLANNED_FALLBACKS:
                 rec.fallback = ",".join(reasons)
             return opened
         if loop.time() >= deadline or last_reason == STREAM_4XX:

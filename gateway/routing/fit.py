@@ -1,0 +1,72 @@
+"""Fit: which replicas can hold a request at all (DESIGN §15). Pure.
+
+A request of ``tokens`` tokens (prompt estimate + the output cap it asks for) fits a replica
+when ``tokens ≤ max_model_len`` (from the engine's ``/v1/models``) and its KV blocks fit the
+replica's pool (``cdiv(tokens, block_size) ≤ num_gpu_blocks``, from ``vllm:cache_config_info``):
+the two checks vLLM itself makes, the first per request (a 400 for the context length) and the
+second only at start-up for one ``max_model_len`` sequence, so a replica whose pool is smaller
+than its ``max_model_len`` would take the request and never schedule it. Limits the gateway has
+not learned yet (0) do not exclude a replica. A request that fits no replica of any pool of its
+chain is refused before it is sent anywhere (``check_chain``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.errors import InvalidRequest
+from gateway.routing.pools import Pool, Replica
+
+
+class ContextTooLong(InvalidRequest):
+    """400 ``context_length_exceeded``: the request fits no replica; the message names the
+    tokens asked and the most a replica takes."""
+
+    code = "context_length_exceeded"
+
+
+def capacity_tokens(r: Replica) -> int:
+    """The longest sequence ``r`` takes in tokens: the smaller of its known ``max_model_len``
+    and KV pool (``num_gpu_blocks × block_size``); 0 when neither is known."""
+    known = [n for n in (r.max_model_len, r.kv_tokens) if n > 0]
+    return min(known) if known else 0
+
+
+def fits(r: Replica, tokens: int) -> bool:
+    """True when a sequence of ``tokens`` tokens fits ``r`` (or its limits are unknown)."""
+    if tokens <= 0:
+        return True
+    if r.max_model_len and tokens > r.max_model_len:
+        return False
+    if r.kv_num_blocks and r.kv_block_size:
+        return -(-tokens // r.kv_block_size) <= r.kv_num_blocks
+    return True
+
+
+def fitting(candidates: Sequence[Replica], tokens: int) -> list[Replica]:
+    """The candidates ``tokens`` fits (all of them when ``tokens`` is 0: unknown)."""
+    if tokens <= 0:
+        return list(candidates)
+    return [r for r in candidates if fits(r, tokens)]
+
+
+def limits_known(chain: Sequence[Pool]) -> bool:
+    """True when some replica of ``chain`` has a known limit (counting the request's tokens is
+    only worth it then)."""
+    return any(capacity_tokens(r) for pool in chain for r in pool.replicas)
+
+
+def check_chain(chain: Sequence[Pool], tokens: int) -> list[Pool]:
+    """The pools of ``chain`` (in order) with at least one replica ``tokens`` fits. Raises
+    ``ContextTooLong`` when there is none, naming ``tokens`` and the largest capacity among
+    the chain's replicas."""
+    kept = [p for p in chain if fitting(p.replicas, tokens)]
+    if kept or not chain:
+        return kept
+    largest = max((capacity_tokens(r) for p in chain for r in p.replicas), default=0)
+    raise ContextTooLong(
+        f"This request needs {tokens} tokens (prompt and requested output), more than any "
+        f"replica of this model takes: the largest takes {largest} tokens. Shorten the "
+        f"conversation or lower the output limit.",
+        param="messages",
+    )
