@@ -132,9 +132,12 @@ class Endpoint:
                 left_s = await state.admission.wait(ticket, plan, timeouts.total_s, rec)
                 timeouts = replace(timeouts, total_s=left_s)
                 # 3. attempt
-                opened = await open_with_failover(
-                    state, plan, body, protocol, rec, trace, timeouts
-                )
+                try:
+                    opened = await open_with_failover(
+                        state, plan, body, protocol, rec, trace, timeouts
+                    )
+                finally:
+                    rec.kv_placement = route.kv_placement
                 run.replica = opened.attempt.replica.url
                 attempts = [opened]  # and the continuations of a resumed stream
                 try:

@@ -43,6 +43,25 @@ def fits(r: Replica, tokens: int) -> bool:
     return True
 
 
+def free_kv_tokens(r: Replica, now: float, fresh_s: float = 3.0) -> int | None:
+    """KV tokens ``r`` has free for one more request: capacity minus the larger of what the
+    engine reports in use (``kv_cache_usage_perc × capacity``, while scraped within
+    ``fresh_s`` s; other gateways' requests included) and what this gateway's open attempts
+    hold or will still grow into (``inflight_kv_tokens``: their prompt + output caps). None
+    when the capacity is unknown."""
+    if not r.kv_tokens:
+        return None
+    used = r.kv_tokens * r.kv_cache_usage if now - r.engine_load_at <= fresh_s else 0.0
+    return max(0, r.kv_tokens - int(max(used, r.inflight_kv_tokens)))
+
+
+def has_room(r: Replica, tokens: int, now: float) -> bool:
+    """True when ``tokens`` more fit ``r``'s free KV without preempting a running request (or
+    the capacity or the request's size is unknown)."""
+    free = free_kv_tokens(r, now)
+    return tokens <= 0 or free is None or tokens <= free
+
+
 def fitting(candidates: Sequence[Replica], tokens: int) -> list[Replica]:
     """The candidates ``tokens`` fits (all of them when ``tokens`` is 0: unknown)."""
     if tokens <= 0:

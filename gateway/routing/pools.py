@@ -58,6 +58,9 @@ class Replica:
     kv_cache_dtype: str = ""
     engine_preemptions: float = 0.0
     max_model_len: int = 0
+    # tokens (prompt + output cap) of this gateway's attempts open on it: what they hold or
+    # will still grow into (gateway.routing.fit.free_kv_tokens)
+    inflight_kv_tokens: int = 0
 
     @property
     def kv_tokens(self) -> int:
@@ -132,10 +135,12 @@ class Pool:
             and (cap == 0 or r.inflight < cap)
         ]
 
-    def release(self, replica: Replica) -> None:
+    def release(self, replica: Replica, kv_tokens: int = 0) -> None:
         """Give back the in-flight slot an attempt held on ``replica`` (one of this pool's):
-        ``inflight`` decremented, and every ``wait_for_slot`` waiter woken."""
+        ``inflight`` decremented (and ``inflight_kv_tokens`` by the attempt's ``kv_tokens``),
+        and every ``wait_for_slot`` waiter woken."""
         replica.inflight -= 1
+        replica.inflight_kv_tokens -= kv_tokens
         for waiter in self.slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)

@@ -83,6 +83,7 @@ class Attempt:
     read_s: float | None = None  # the client's read timeout (x-stainless-read-timeout), s
     read_deadline: float | None = None  # loop time the client stops waiting for a first byte
     json_ok: bool = False  # a JSON answer to be assembled: an engine's JSON body serves too
+    kv_tokens: int = 0  # the request's prompt + output cap (routing.fit), 0 = not counted
 
     @property
     def stall_s(self) -> float:
@@ -115,7 +116,7 @@ class OpenedResponse:
             return
         self._closed = True
         self.response.close()
-        self.attempt.pool.release(self.attempt.replica)
+        self.attempt.pool.release(self.attempt.replica, self.attempt.kv_tokens)
 
 
 async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
@@ -148,6 +149,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
         headers.update(attempt.extra_headers)
     url = attempt.replica.url + attempt.protocol.path
     attempt.replica.inflight += 1
+    attempt.replica.inflight_kv_tokens += attempt.kv_tokens
     resp: UpstreamResponse | None = None
     try:
         async with asyncio.timeout_at(limit):
@@ -176,7 +178,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     except BaseException as e:
         if resp is not None:
             resp.close()
-        attempt.pool.release(attempt.replica)
+        attempt.pool.release(attempt.replica, attempt.kv_tokens)
         if isinstance(e, TimeoutError):
             # which limit was in force, not the clock: timers may fire a little early
             if limit >= attempt.deadline:

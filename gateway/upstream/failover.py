@@ -170,6 +170,7 @@ async def open_with_failover(
                 request_id=rec.request_id,
                 stream=body.upstream_stream,
                 json_ok=body.assemble,
+                kv_tokens=plan.route.tokens if plan.route is not None else 0,
                 deadline=deadline,
                 total_s=total_s,
                 extra_headers=span.headers(),
