@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.admit.control import Ticket
-from gateway.admit.gate import Gate, estimate_tokens
+from gateway.admit.gate import Gate, estimate_tokens, output_cap
 from gateway.admit.hardening import check_json_shape
 from gateway.admit.params import check_sampling_params
 from gateway.admit.ratelimit import Reservation
@@ -37,7 +37,7 @@ from gateway.relay.body import ParsedBody
 from gateway.relay.resume import relay_resumable
 from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
-from gateway.routing.fit import check_chain, limits_known
+from gateway.routing.fit import check_chain, limits_known, smallest_capacity
 from gateway.state import GatewayState
 from gateway.telemetry.accounting import account
 from gateway.telemetry.cost import cost_usd
@@ -200,8 +200,14 @@ class Endpoint:
         """Count the request's tokens (prompt + output cap) when some replica of the chain has
         known limits, keep the pools where it fits (``gateway.routing.fit``; reason
         ``context-does-not-fit`` when the first tier is dropped) and let the picker skip the
-        replicas it does not fit. Raises ``ContextTooLong`` (400) when it fits none."""
+        replicas it does not fit. Raises ``ContextTooLong`` (400) when it fits none. A body
+        whose bytes plus output cap fit the smallest known replica (a token is at least one
+        byte) is not counted: bytes / 4 (OpenAI's rule) serves the headroom scorer."""
         if not self.protocol.generates or not limits_known(plan.chain):
+            return
+        cap = output_cap(body.conversation)
+        if raw_size + cap <= smallest_capacity(plan.chain):
+            route.tokens = raw_size // 4 + cap
             return
         route.tokens = await estimate_tokens(
             body.conversation, self.protocol.count_kind,  # type: ignore[arg-type]

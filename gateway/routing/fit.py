@@ -75,6 +75,13 @@ def limits_known(chain: Sequence[Pool]) -> bool:
     return any(capacity_tokens(r) for pool in chain for r in pool.replicas)
 
 
+def smallest_capacity(chain: Sequence[Pool]) -> int:
+    """The smallest known ``capacity_tokens`` among the chain's replicas; 0 when none is
+    known. A request no longer than it fits every replica whose limits are known."""
+    known = [n for pool in chain for r in pool.replicas if (n := capacity_tokens(r))]
+    return min(known, default=0)
+
+
 def check_chain(chain: Sequence[Pool], tokens: int) -> list[Pool]:
     """The pools of ``chain`` (in order) with at least one replica ``tokens`` fits. Raises
     ``ContextTooLong`` when there is none, naming ``tokens`` and the largest capacity among
