@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="tokens per KV-cache block")
     a("--num-gpu-blocks", type=int, default=c.num_gpu_blocks, metavar="BLOCKS",
       help="KV-cache size in blocks (x --block-size tokens)")
+    a("--preemption", action="store_true",
+      help="allocate decode KV blocks lazily and preempt the newest running request by "
+      "recompute when they run out (vLLM V1); default: reserve prompt + output at admission")
     a("--kv-cache-tokens", type=int, default=None, metavar="TOKENS",
       help="KV-cache size in tokens (rounded down to whole blocks; overrides --num-gpu-blocks)")
     a("--output-tokens", type=int, default=c.output_tokens, metavar="TOKENS",
@@ -153,7 +156,7 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
         block_size=ns.block_size, num_gpu_blocks=ns.num_gpu_blocks,
         output_tokens=ns.output_tokens, time_scale=ns.time_scale, seed=ns.seed,
-        scheduling_policy=ns.scheduling_policy,
+        scheduling_policy=ns.scheduling_policy, preemption=ns.preemption,
         enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
         legacy_error_shape=ns.legacy_error_shape, slow_start_s=ns.slow_start_s,
         perf=perf, faults=faults,

@@ -30,6 +30,9 @@ class SimConfig:
     - ``scheduling_policy``: vLLM's ``--scheduling-policy``: ``fcfs`` (FIFO waiting queue; a
       non-zero request ``priority`` is a 400, as in vLLM) or ``priority`` (waiting queue by
       ``priority``, lower first, then arrival).
+    - ``preemption``: allocate decode blocks as tokens are generated and preempt the newest
+      running request by recompute when the pool runs out (vLLM V1); off: each request
+      reserves its prompt + whole output at admission and is never preempted.
     """
 
     host: str = "127.0.0.1"
@@ -45,6 +48,7 @@ class SimConfig:
     time_scale: float = 1.0
     seed: int = 0
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    preemption: bool = False
     enable_prompt_tokens_details: bool = True
     legacy_error_shape: bool = False
     slow_start_s: float = 0.0

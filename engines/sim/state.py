@@ -56,6 +56,7 @@ class SimState:
             time_scale=config.time_scale,
             seed=config.seed,
             scheduling_policy=config.scheduling_policy,
+            preemption=config.preemption,
         )
         return cls(config, cache, metrics, engine, TextGen(config.seed), config.faults)
 
