@@ -38,6 +38,8 @@ def parse_size(text: str) -> int:
     lower-case suffixes decimal, upper-case binary). Raises ``ValueError``."""
     m = _SIZE.fullmatch(text.strip())
     if m is None:
+        if not text.strip().isdigit():
+            raise ValueError(f"size {text!r} is not a byte count such as 64M, 1G or 1073741824")
         return int(text)
     number, suffix = m.groups()
     if suffix in _DEC:
@@ -54,7 +56,10 @@ def parse_workload(text: str) -> tuple[str, int, int]:
         raise ValueError(f"workload {text!r} is not TIER=SESSIONSxTOKENS (e.g. standard=20x1M)")
     tier, sessions, tokens = m.groups()
     mult = {"k": 1024, "K": 1024, "m": 1 << 20, "M": 1 << 20}.get(tokens[-1], 1)
-    return tier, int(sessions), int(float(tokens.rstrip("kKmM")) * mult)
+    n = int(float(tokens.rstrip("kKmM")) * mult)
+    if int(sessions) < 1 or n < 1:
+        raise ValueError(f"workload {text!r}: sessions and tokens must be >= 1")
+    return tier, int(sessions), n
 
 
 def estimate_params_b(cfg: dict[str, Any]) -> float:

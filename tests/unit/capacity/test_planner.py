@@ -91,6 +91,8 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
         (["nope-model"], "cannot read model config"),
         (["llama-3-70b", "--tp", "0"], "--tp must be >= 1"),
         (["llama-3-70b", "--workload", "standard=20"], "TIER=SESSIONSxTOKENS"),
+        (["llama-3-70b", "--workload", "fast=3x0"], "must be >= 1"),
+        (["llama-3-70b", "--kv-cache-memory-bytes", "lots"], "is not a byte count"),
         (["deepseek-v3"], "no memory left for the KV cache"),
         (["deepseek-v3", "--kv-cache-dtype", "fp9", "--tp", "8"], "unknown KV cache dtype"),
     ],
