@@ -149,9 +149,10 @@ class PoolRouter:
         self, route: RouteRequest, ctx: ScoreContext, cands: list[Replica],
         weights: dict[str, float], now: float,
     ) -> tuple[Replica | None, str | None]:
-        """Stay on the session's replica unless it is overloaded, sheds this session, or has
-        no free KV for this request while another candidate has (``route.kv_placement``
-        ``"moved"``; none has: it stays and the engine queues it, ``"waited"``); else
+        """Stay on the session's replica unless it is overloaded, sheds this session, or (with
+        a ``headroom`` weight) has no free KV for this request while another candidate has
+        (``route.kv_placement`` ``"moved"``; none has: it stays and the engine queues it,
+        ``"waited"``); else
         (re)bind it under the bounded-load rule on active sessions (see the module
         docstring). Returns the replica and ``"rebalance"`` when the session was shed,
         ``"kv-headroom"`` when it moved for KV room."""
@@ -168,7 +169,8 @@ class PoolRouter:
                 low = min(ctx.loads[r] for r in home)
                 home = [r for r in home if ctx.loads[r] == low]
             if home[0] not in hot:
-                short = not has_room(home[0], ctx.tokens, now)
+                # capacity-aware placement is on with the headroom scorer
+                short = bool(weights.get("headroom")) and not has_room(home[0], ctx.tokens, now)
                 roomy = short and any(has_room(r, ctx.tokens, now) for r in cands
                                       if r is not home[0] and r not in hot)
                 if short:
