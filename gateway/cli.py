@@ -1,5 +1,5 @@
-"""The ``speedgate`` command: ``serve``, ``picker``, ``demo``, ``check-config`` and ``keygen``
-(argparse)."""
+"""The ``speedgate`` command: ``serve``, ``picker``, ``demo``, ``check-config``, ``keygen`` and
+``capacity`` (argparse)."""
 
 from __future__ import annotations
 
@@ -130,6 +130,23 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_capacity(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway.capacity.footprint import FootprintError
+    from gateway.capacity.planner import PlanError
+    from gateway.capacity.report import build_report, check_counts, format_table
+
+    try:
+        check_counts(args)
+        report = build_report(args)
+    except (FootprintError, PlanError, ValueError) as e:
+        print(f"speedgate capacity: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
@@ -234,6 +251,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="concurrent requests (0 = no limit)")
     k.add_argument("--admin", action="store_true", help="may read every key's /v1/usage")
     k.set_defaults(func=_cmd_keygen)
+
+    from gateway.capacity.report import add_arguments as capacity_arguments
+
+    cap = sub.add_parser(
+        "capacity",
+        help="plan KV-cache capacity: tokens and sessions per replica, replicas per tier",
+        description="From a model's config.json (or a preset) and a replica's GPUs, TP/PP and "
+        "dtypes: weights memory, KV bytes per token, KV tokens per replica, concurrent "
+        "sessions at 32k/128k/1M tokens, and the replicas a workload needs per tier (vLLM V1's "
+        "block arithmetic).",
+    )
+    capacity_arguments(cap)
+    cap.set_defaults(func=_cmd_capacity)
 
     d = sub.add_parser(
         "demo",

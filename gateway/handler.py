@@ -22,6 +22,7 @@ from typing import Any
 from gateway.account import account
 from gateway.admit.admission import Ticket
 from gateway.admit.gate import Gate
+from gateway.admit.kv_fit import fit_replicas
 from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
 from gateway.admit.session import body_session, header_session
@@ -115,6 +116,9 @@ class ApiRoute:
                                        ticket.over_soft_budget)
             plan = plan_request(treq, state.pools, allowed, choice)
             plan.route, rec.auto_choice = route, plan.auto
+            # only replicas whose context and KV pool hold it; fits none: refused now
+            await fit_replicas(plan, route, body, raw_size, protocol,
+                               state.config.telemetry.usage_estimate_encoding)
             plan.engine_priority = ticket.engine_priority
             timeouts = client_timeouts(
                 header(scope, b"x-speedgate-timeout"),
@@ -136,6 +140,7 @@ class ApiRoute:
                         heartbeat=keepalive.heartbeat if keepalive is not None else None,
                     )
                 finally:
+                    rec.kv_placement = route.kv_placement
                     if keepalive is not None and await keepalive.stop():
                         rec.response_started, rec.status = True, 200  # errors now in-band
                 run.replica = opened.attempt.replica.url

@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="tokens per KV-cache block")
     a("--num-gpu-blocks", type=int, default=c.num_gpu_blocks, metavar="BLOCKS",
       help="KV-cache size in blocks (x --block-size tokens)")
+    a("--preemption", action="store_true",
+      help="allocate decode KV blocks lazily and preempt the newest running request by "
+      "recompute when they run out (vLLM V1); default: reserve prompt + output at admission")
+    a("--kv-cache-tokens", type=int, default=None, metavar="TOKENS",
+      help="KV-cache size in tokens (rounded down to whole blocks; overrides --num-gpu-blocks)")
     a("--output-tokens", type=int, default=c.output_tokens, metavar="TOKENS",
       help="natural completion length in tokens, when max_tokens allows it")
     a("--mode", choices=["standard", "speculative"], default="standard",
@@ -109,6 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def kv_refusal(max_model_len: int, num_gpu_blocks: int, block_size: int) -> str | None:
+    """vLLM's start-up refusal when one ``max_model_len`` sequence cannot fit the KV pool
+    (``vllm/v1/core/kv_cache_utils.py`` ``_check_enough_kv_cache_memory``: a request takes
+    ``cdiv(max_model_len, block_size)`` blocks), or None when it fits."""
+    need = -(-max_model_len // block_size)
+    if need <= num_gpu_blocks:
+        return None
+    return (f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"{need} KV cache blocks are needed, which is larger than the available KV cache "
+            f"({num_gpu_blocks} blocks of {block_size} tokens). Based on the available memory, "
+            f"the estimated maximum model length is {num_gpu_blocks * block_size}. Try "
+            f"decreasing `max_model_len`.")
+
+
 def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
     """Parse ``argv`` into a :class:`SimConfig` (exits with a usage error on bad input)."""
     p = build_parser()
@@ -123,6 +142,12 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         p.error(f"--faults: {e}")
     if ns.crash:
         faults = faults.merged(Faults(crash=True))
+    if ns.block_size < 1:
+        p.error("--block-size must be >= 1")
+    if ns.kv_cache_tokens is not None:
+        ns.num_gpu_blocks = ns.kv_cache_tokens // ns.block_size
+    if (refusal := kv_refusal(ns.max_model_len, ns.num_gpu_blocks, ns.block_size)) is not None:
+        p.error(refusal)
     k = ns.num_speculative_tokens if ns.mode == "speculative" else 0
     perf = PerfModel(
         prefill_ms_per_token=ns.prefill_ms_per_token,
@@ -139,7 +164,7 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
         max_num_seqs=ns.max_num_seqs, max_num_batched_tokens=ns.max_num_batched_tokens,
         block_size=ns.block_size, num_gpu_blocks=ns.num_gpu_blocks,
         output_tokens=ns.output_tokens, time_scale=ns.time_scale, seed=ns.seed,
-        scheduling_policy=ns.scheduling_policy,
+        scheduling_policy=ns.scheduling_policy, preemption=ns.preemption,
         enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
         legacy_error_shape=ns.legacy_error_shape, slow_start_s=ns.slow_start_s,
         after_tool_result=ns.after_tool_result, tool_arguments=ns.tool_arguments,

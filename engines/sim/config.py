@@ -34,6 +34,9 @@ class SimConfig:
     - ``after_tool_result``: the answer after a tool result: ``text`` (agent loops end),
       ``call`` (another call), ``mix`` (a call for half the prompts, by prompt and seed);
       ``tool_arguments``: ``required`` properties only, or ``all`` (``engines.sim.agent``).
+    - ``preemption``: allocate decode blocks as tokens are generated and preempt the newest
+      running request by recompute when the pool runs out (vLLM V1); off: each request
+      reserves its prompt + whole output at admission and is never preempted.
     """
 
     host: str = "127.0.0.1"
@@ -49,6 +52,7 @@ class SimConfig:
     time_scale: float = 1.0
     seed: int = 0
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    preemption: bool = False
     enable_prompt_tokens_details: bool = True
     legacy_error_shape: bool = False
     # per-request ``sim_faults`` body fields honoured (``--accept-sim-faults``); off: a body

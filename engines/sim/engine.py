@@ -130,6 +130,14 @@ class WaitingQueue:
         """Take ``s`` out (aborted); ValueError when it is not waiting."""
         self._items.remove(s)
 
+    def push_front(self, s: Sequence) -> None:
+        """Put a preempted ``s`` back: first under fcfs (vLLM ``prepend_request``), at its
+        original (priority, arrival) place under priority."""
+        if isinstance(self._items, deque):
+            self._items.appendleft(s)
+        else:
+            bisect.insort(self._items, s, key=lambda x: x.order)
+
 
 @dataclass(slots=True)
 class EngineStats:
@@ -137,6 +145,7 @@ class EngineStats:
 
     steps: int = 0
     generated: int = 0
+    preemptions: int = 0  # running sequences preempted by recompute (``preemption`` mode)
 
 
 class Engine:
@@ -153,8 +162,10 @@ class Engine:
         time_scale: float = 1.0,
         seed: int = 0,
         scheduling_policy: Literal["fcfs", "priority"] = "fcfs",
+        preemption: bool = False,
     ) -> None:
         self.perf = perf
+        self.preemption = preemption
         self.cache = cache
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
@@ -227,14 +238,17 @@ class Engine:
         cache, bs, m = self.cache, self.cache.block_size, self.metrics
         while self.waiting and len(self.running) < self.max_num_seqs:
             s = self.waiting.head()
-            total_blocks = -(-(s.prompt_tokens + s.output_tokens) // bs)
+            # preemption mode: the prompt (and, recomputed, the output so far) plus the first
+            # new token, decode blocks later (_grow); else prompt + whole output up front
+            held = s.prompt_tokens + (s.generated + 1 if self.preemption else s.output_tokens)
+            total_blocks = max(-(-held // bs), len(s.block_hashes))
             alloc = cache.allocate(s.block_hashes, s.prompt_tokens, total_blocks)
             if alloc is None:
                 return
             self.waiting.pop_head()
             s.alloc = alloc
             s.cached_tokens = alloc.cached_tokens(bs)
-            s.prefill_left = s.prompt_tokens - s.cached_tokens
+            s.prefill_left = s.prompt_tokens + s.generated - s.cached_tokens
             self.running.append(s)
             m.prefix_queries.inc(s.prompt_tokens)
             if s.cached_tokens:
@@ -249,6 +263,8 @@ class Engine:
                 await self._wake.wait()
                 continue
             self._admit()
+            if self.preemption:
+                self._grow()
             if not self.running:  # defensive: the queue head cannot be placed yet
                 self._wake.clear()
                 await self._wake.wait()
@@ -268,6 +284,31 @@ class Engine:
             delay = perf.forward_s(len(decoding), prefill_tokens) * self.time_scale
             await asyncio.sleep(delay)
             self._emit(decoding, prefilled)
+
+    def _grow(self) -> None:
+        """Give every decoding sequence the blocks this step's tokens need; when the pool has
+        none left, preempt the newest running sequence by recompute (vLLM V1
+        ``Scheduler.schedule``: ``self.running.pop()``, its blocks freed, back at the front of
+        the waiting queue to prefill prompt + output so far again), counted in
+        ``vllm:num_preemptions``."""
+        bs, step = self.cache.block_size, self.perf.num_speculative_tokens + 1
+        for s in list(self.running):
+            if s.alloc is None or s.prefill_left or s.done:
+                continue
+            need = -(-(s.prompt_tokens + s.generated + min(step, s.output_tokens - s.generated))
+                     // bs) - len(s.alloc.hashes) - s.alloc.private
+            while need > 0 and s.alloc is not None and not self.cache.grow(s.alloc, need):
+                self._preempt(self.running[-1])  # possibly s itself, the newest
+
+    def _preempt(self, victim: Sequence) -> None:
+        if victim.alloc is not None:
+            self.cache.free(victim.alloc)
+            victim.alloc = None
+        self.running.remove(victim)
+        victim.prefill_left = 0
+        self.waiting.push_front(victim)
+        self.stats.preemptions += 1
+        self.metrics.preemptions.inc()
 
     def _emit(self, decoding: list[Sequence], prefilled: list[Sequence]) -> None:
         """Hand out this step's tokens; finish sequences that reached their length."""

@@ -113,6 +113,21 @@ class PrefixCache:
         self.hits += hit * self.block_size
         return Allocation(hashes=hashes, private=private, cached_blocks=hit)
 
+    def grow(self, alloc: Allocation, blocks: int) -> bool:
+        """Add ``blocks`` private blocks to a running sequence (its decode tokens), evicting
+        idle cached blocks in LRU order; False, and nothing taken, when the pool has not that
+        many (vLLM ``KVCacheManager.allocate_slots`` returning None: the scheduler preempts)."""
+        if blocks <= 0:
+            return True
+        if blocks > self.free_blocks + len(self._evictable):
+            return False
+        while self.free_blocks < blocks:
+            victim, _ = self._evictable.popitem(last=False)
+            del self._refs[victim]
+        self._private += blocks
+        alloc.private += blocks
+        return True
+
     def free(self, alloc: Allocation) -> None:
         """Release a sequence's blocks; its hashed blocks stay resident as most recently used."""
         refs, evictable = self._refs, self._evictable

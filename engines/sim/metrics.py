@@ -6,7 +6,10 @@ Names as exposed by vLLM's ``/metrics`` (vllm/v1/metrics/loggers.py, labels ``mo
 ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (tokens), ``vllm:prompt_tokens``,
 ``vllm:generation_tokens``, ``vllm:request_success`` (label ``finished_reason``), and in
 speculative mode ``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_tokens``,
-``vllm:spec_decode_num_accepted_tokens``. Simulator-only: ``sim_requests``,
+``vllm:spec_decode_num_accepted_tokens``; ``vllm:num_preemptions`` (requests preempted by
+recompute) and the info gauge ``vllm:cache_config_info`` (value 1; the cache config as labels,
+``num_gpu_blocks``, ``block_size``, ``cache_dtype`` among them: ``log_metrics_info``).
+Simulator-only: ``sim_requests``,
 ``sim_aborted_requests`` (the client disconnected before the end).
 """
 
@@ -21,7 +24,10 @@ __all__ = ["CONTENT_TYPE", "SimMetrics"]
 class SimMetrics:
     """The replica's metric children, bound to its model name (label values fixed)."""
 
-    def __init__(self, model_name: str, speculative: bool) -> None:
+    def __init__(
+        self, model_name: str, speculative: bool, *, num_gpu_blocks: int = 0,
+        block_size: int = 16,
+    ) -> None:
         self.registry = reg = CollectorRegistry(auto_describe=True)
         labels = ["model_name", "engine"]
         values = (model_name, "0")
@@ -48,6 +54,13 @@ class SimMetrics:
         self.prefix_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
+        self.preemptions = counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
+        info = {"block_size": str(block_size), "num_gpu_blocks": str(num_gpu_blocks),
+                "cache_dtype": "auto", "enable_prefix_caching": "True", "engine": "0"}
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+              list(info), registry=reg, multiprocess_mode="mostrecent").labels(**info).set(1)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."

@@ -47,7 +47,8 @@ class SimState:
     def from_config(cls, config: SimConfig) -> SimState:
         """Build the cache, metrics, engine and text generator for ``config``."""
         cache = PrefixCache(config.num_gpu_blocks, config.block_size)
-        metrics = SimMetrics(config.model, config.perf.speculative)
+        metrics = SimMetrics(config.model, config.perf.speculative,
+                             num_gpu_blocks=config.num_gpu_blocks, block_size=config.block_size)
         engine = Engine(
             config.perf, cache, metrics,
             max_num_seqs=config.max_num_seqs,
@@ -55,6 +56,7 @@ class SimState:
             time_scale=config.time_scale,
             seed=config.seed,
             scheduling_policy=config.scheduling_policy,
+            preemption=config.preemption,
         )
         return cls(config, cache, metrics, engine, TextGen(config.seed), config.faults)
 

@@ -157,13 +157,15 @@ def start_replica(
     served_model_name: str = "mymodel",
     host: str = "127.0.0.1",
     extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> VllmReplica:
     """Start a vLLM server for ``tier`` on ``port`` (returns at once; then ``wait_healthy``).
     ``run_dir`` gets the log (``vllm.log``) and the private temp and cache folders.
 
     ``port=None`` picks a free port here; vLLM cannot bind port 0 and report it, so when the
     port is taken before vLLM binds it (``address already in use``), ``wait_healthy`` starts
-    the server again on a fresh port and ``url`` changes: read it after ``wait_healthy``."""
+    the server again on a fresh port and ``url`` changes: read it after ``wait_healthy``.
+    ``extra_env`` is added to ``replica_env`` (e.g. ``VLLM_CPU_KVCACHE_SPACE``)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "vllm.log"
 
@@ -178,7 +180,7 @@ def start_replica(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=replica_env(run_dir),
+                env=replica_env(run_dir) | (extra_env or {}),
                 cwd=run_dir,
                 start_new_session=True,
                 preexec_fn=die_with_parent,

@@ -209,6 +209,12 @@ async def estimate_tokens(
         prompt = await count_prompt_async(doc, kind, size_hint=raw_size, encoding=encoding)
     except Exception:  # an odd body shape must not fail admission: bytes / 4 (OpenAI's rule)
         prompt = raw_size // 4
+    return prompt + output_cap(doc)
+
+
+def output_cap(doc: dict[str, Any]) -> int:
+    """The output tokens a chat-shaped body asks for at most (``max_completion_tokens`` or
+    ``max_tokens``; 0 when unset or invalid, at most 10M)."""
     cap = doc.get("max_completion_tokens", doc.get("max_tokens"))
     out = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else 0
-    return prompt + min(out, 10_000_000)
+    return min(out, 10_000_000)

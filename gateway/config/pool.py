@@ -118,7 +118,7 @@ class DnsDiscoveryConfig(_Strict):
     family: Literal["auto", "ipv4", "ipv6", "any"] = "auto"
 
 
-RoutingWeights = dict[Literal["prefix", "session", "load", "hash"], float]
+RoutingWeights = dict[Literal["prefix", "session", "load", "hash", "headroom"], float]
 
 
 class RoutingConfig(_Strict):
@@ -144,7 +144,8 @@ class RoutingConfig(_Strict):
 
     policy: Literal["pipeline", "round_robin"] = "pipeline"
     weights: RoutingWeights = Field(
-        default_factory=lambda: {"prefix": 3.0, "session": 2.0, "load": 1.0, "hash": 0.25}
+        default_factory=lambda: {"prefix": 3.0, "session": 2.0, "load": 1.0, "hash": 0.25,
+                                 "headroom": 1.0}
     )
     bounded_load_c: float = Field(1.25, ge=0)
     bounded_load_min: int = Field(4, ge=1)

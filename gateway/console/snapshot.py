@@ -19,8 +19,9 @@ Never in it: prompt or completion text, API keys, URL credentials (replica URLs 
   ``healthy``, ``probe_failures``, ``ejected``, ``ejected_until``, ``ejected_for_s``,
   ``ejections_total``, ``consecutive_failures``, ``probation``, ``inflight``, ``load``,
   ``engine``: ``running``, ``waiting``, ``kv_cache_usage`` (None unless scraped lately),
-  ``scraped_age_s``, ``fresh``, ``prefix_cache_hit_rate``, ``spec_acceptance_rate``,
-  ``spec_tokens_per_step``, ``over_s`` (``gateway.console.engine``));
+  ``scraped_age_s``, ``fresh``, ``kv_tokens``, ``kv_block_size``, ``kv_free_tokens``,
+  ``max_model_len``, ``preemptions`` (KV capacity; 0 until learned), ``prefix_cache_hit_rate``,
+  ``spec_acceptance_rate``, ``spec_tokens_per_step``, ``over_s`` (``gateway.console.engine``));
   ``tiers.<tier>``: ``requests``, ``ok``, ``errors``, ``client_errors``, ``disconnects``,
   ``error_rate``, ``requests_per_s``, ``ttft_s`` {``p50``, ``p95``, ``mean``, ``n``},
   ``output_tokens_per_s`` {``p50``, ``p5``, ``mean``, ``n``}, ``tokens`` {``prompt``,
@@ -157,6 +158,13 @@ def _replica(src: ConsoleSources, pool: Pool, r: Replica, now: float, wall: floa
             "running": r.engine_running if fresh else None,
             "waiting": r.engine_waiting if fresh else None,
             "kv_cache_usage": _r(r.kv_cache_usage, 4) if fresh else None,
+            # capacity the engine reported (0 = not learned yet): vllm:cache_config_info,
+            # vllm:num_preemptions (cumulative) and /v1/models max_model_len
+            "kv_tokens": r.kv_tokens,
+            "kv_block_size": r.kv_block_size,
+            "kv_free_tokens": round(r.kv_tokens * (1 - r.kv_cache_usage)) if fresh else None,
+            "max_model_len": r.max_model_len,
+            "preemptions": r.engine_preemptions,
             "scraped_age_s": _r(age, 3),
             "fresh": fresh,
             **{k: _r(v, 4) for k, v in src.engine.rates(r).items()},

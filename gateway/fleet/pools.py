@@ -51,6 +51,21 @@ class Replica:
     prefix_queries: float = 0.0  # vllm:prefix_cache_queries (prompt tokens), cumulative
     prefix_hits: float = 0.0  # vllm:prefix_cache_hits (prompt tokens), cumulative
     engine_load_at: float = 0.0
+    # KV capacity the engine reports (gateway.upstream.load_scraper): vllm:cache_config_info labels,
+    # vllm:num_preemptions (cumulative) and max_model_len from its /v1/models; 0 = unknown
+    kv_num_blocks: int = 0
+    kv_block_size: int = 0
+    kv_cache_dtype: str = ""
+    engine_preemptions: float = 0.0
+    max_model_len: int = 0
+    # tokens (prompt + output cap) of this gateway's attempts open on it: what they hold or
+    # will still grow into (gateway.routing.fit.free_kv_tokens)
+    inflight_kv_tokens: int = 0
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the replica's KV pool holds (``num_gpu_blocks × block_size``); 0 = unknown."""
+        return self.kv_num_blocks * self.kv_block_size
 
     def __post_init__(self) -> None:
         self.safe_url = redact_url(self.url)
@@ -134,10 +149,12 @@ class Pool:
             and (cap == 0 or r.inflight < cap)
         ]
 
-    def release(self, replica: Replica) -> None:
+    def release(self, replica: Replica, kv_tokens: int = 0) -> None:
         """Give back the in-flight slot an attempt held on ``replica`` (one of this pool's):
-        ``inflight`` decremented, and every ``wait_for_slot`` waiter woken."""
+        ``inflight`` decremented (and ``inflight_kv_tokens`` by the attempt's ``kv_tokens``),
+        and every ``wait_for_slot`` waiter woken."""
         replica.inflight -= 1
+        replica.inflight_kv_tokens -= kv_tokens
         for waiter in self.slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)

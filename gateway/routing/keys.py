@@ -141,6 +141,8 @@ class RouteRequest:
     lead: int = 0  # texts before the first user message (system/developer preamble)
     blocks: dict[int, list[bytes]] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)
+    tokens: int = 0  # prompt estimate + output cap, for the fit filter (routing.fit); 0 = unknown
+    kv_placement: str | None = None  # "moved" | "waited" when the session's replica was short
 
     @classmethod
     def from_doc(

@@ -48,6 +48,7 @@ from collections.abc import Collection, Sequence
 
 from gateway.fleet.pools import Pool, Replica, replica_load
 from gateway.routing.filters import not_tried, over_share, overloaded, under_bound
+from gateway.routing.fit import fitting, has_room
 from gateway.routing.hashring import hash_order
 from gateway.routing.keys import RouteRequest, sampled_indices
 from gateway.routing.picker import RoundRobin, pick_best, weighted_scores
@@ -89,6 +90,8 @@ class PoolRouter:
         """The replica for the next attempt, or None when no candidate is left."""
         cfg = self.pool.config.routing
         cands = not_tried(candidates, exclude)
+        if route is not None and route.tokens:
+            cands = fitting(cands, route.tokens)  # replicas too small for it never see it
         if not cands:
             return None
         if cfg.policy == "round_robin" or route is None:
@@ -115,11 +118,12 @@ class PoolRouter:
         now = time.monotonic()
         loads = {r: replica_load(r, now) for r in cands}
         ctx = ScoreContext(lookup, len(blocks), hash_order(route.session_key, self.pool.replicas),
-                           loads, min(len(blocks), route.lead_blocks(cfg.chunk_chars)))
+                           loads, min(len(blocks), route.lead_blocks(cfg.chunk_chars)),
+                           tokens=route.tokens, now=now)
         reason: str | None = None
         if uses_store and lookup is not None:
             choice, reason = await self._pick_session(
-                route.session_key, ctx, cands, weights, now
+                route, ctx, cands, weights, now
             )
         else:
             bounded = under_bound(cands, loads, cfg.bounded_load_c, cfg.bounded_load_min)
@@ -142,12 +146,17 @@ class PoolRouter:
         return choice
 
     async def _pick_session(
-        self, session: str, ctx: ScoreContext, cands: list[Replica],
+        self, route: RouteRequest, ctx: ScoreContext, cands: list[Replica],
         weights: dict[str, float], now: float,
     ) -> tuple[Replica | None, str | None]:
-        """Stay on the session's replica unless it is overloaded or sheds this session; else
+        """Stay on the session's replica unless it is overloaded, sheds this session, or (with
+        a ``headroom`` weight) has no free KV for this request while another candidate has
+        (``route.kv_placement`` ``"moved"``; none has: it stays and the engine queues it,
+        ``"waited"``); else
         (re)bind it under the bounded-load rule on active sessions (see the module
-        docstring). Returns the replica and ``"rebalance"`` when the session was shed."""
+        docstring). Returns the replica and ``"rebalance"`` when the session was shed,
+        ``"kv-headroom"`` when it moved for KV room."""
+        session = route.session_key
         cfg = self.pool.config.routing
         hot = overloaded(cands, ctx.loads, cfg.overload_c, cfg.overload_min)
         affinity = {k: weights[k] for k in ("prefix", "session") if weights.get(k)}
@@ -160,7 +169,13 @@ class PoolRouter:
                 low = min(ctx.loads[r] for r in home)
                 home = [r for r in home if ctx.loads[r] == low]
             if home[0] not in hot:
-                if not self._sheds(session, home[0], cands, hot, now):
+                # capacity-aware placement is on with the headroom scorer
+                short = bool(weights.get("headroom")) and not has_room(home[0], ctx.tokens, now)
+                roomy = short and any(has_room(r, ctx.tokens, now) for r in cands
+                                      if r is not home[0] and r not in hot)
+                if short:
+                    route.kv_placement = "moved" if roomy else "waited"
+                if not roomy and not self._sheds(session, home[0], cands, hot, now):
                     return home[0], None
                 leaving = home[0]
         if self.shared_ledger is not None:  # every gateway's sessions, not only this one's
@@ -170,10 +185,14 @@ class PoolRouter:
         others = [r for r in cands if r is not leaving]
         ctx.sessions = {r: counts.get(r.name, 0) for r in others}
         cool = [r for r in others if r not in hot] or others
+        if route.kv_placement == "moved" and leaving is not None:  # only where it fits
+            cool = [r for r in cool if has_room(r, ctx.tokens, now)] or cool
         bounded = [r for r in under_bound(others, ctx.sessions, cfg.bounded_load_c) if r in cool]
         bounded = bounded or cool
         choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
-        return choice, "rebalance" if leaving is not None else None
+        if leaving is not None:
+            return choice, "kv-headroom" if route.kv_placement == "moved" else "rebalance"
+        return choice, None
 
     def _sheds(
         self, session: str, home: Replica, cands: list[Replica], hot: set[Replica], now: float

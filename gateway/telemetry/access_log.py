@@ -50,7 +50,7 @@ def log_request(rec: RequestRecord) -> None:
         "request_id=%s key_id=%s session_id=%s session_src=%s path=%s model=%s tier_asked=%s "
         "tier=%s fallback=%s replica=%s stream=%s "
         "attempts=%d resumes=%d status=%d outcome=%s prompt_tokens=%s cached_tokens=%s "
-        "completion_tokens=%s usage_estimated=%s cost_usd=%s ttft_s=%s e2e_s=%.4f",
+        "completion_tokens=%s usage_estimated=%s cost_usd=%s ttft_s=%s e2e_s=%.4f%s",
         quote_value(rec.request_id),
         quote_value(rec.key_id),
         quote_value(rec.session_id),
@@ -73,6 +73,7 @@ def log_request(rec: RequestRecord) -> None:
         f"{rec.cost_usd:.8f}" if rec.cost_usd is not None else None,
         f"{rec.ttft_s:.4f}" if rec.ttft_s is not None else None,
         rec.e2e_s or 0.0,
+        f" kv_placement={rec.kv_placement}" if rec.kv_placement else "",
     )
 
 
@@ -96,6 +97,7 @@ def access_fields(rec: RequestRecord) -> dict[str, Any]:
         "tier": rec.served_tier or rec.tried_tier,
         "auto_reason": rec.auto_reason,
         "fallback": rec.fallback,
+        "kv_placement": rec.kv_placement,
         "replica": rec.replica,
         "stream": rec.stream,
         "attempts": rec.attempts,

@@ -53,6 +53,9 @@ class RequestRecord:
     # (``reason``, ``outcome``, ``rule`` when refused, ``from_tier``, ``to_tier``,
     # ``carried_chars``: the length of the text carried into the continuation)
     resumes: list[dict[str, Any]] = field(default_factory=list)
+    # KV capacity: "moved" (the session's replica had no free KV for it, another had) or
+    # "waited" (none had: it stayed and queues on its replica); None otherwise
+    kv_placement: str | None = None
 
     def set_usage(self, usage: Any) -> None:
         """Record an OpenAI ``usage`` object (ignored when absent or malformed)."""

@@ -39,6 +39,7 @@ import orjson
 import tiktoken
 
 from gateway.common.usage import Usage
+from gateway.telemetry.token_memo import CountMemo
 
 EncodingName = Literal["cl100k_base", "o200k_base"]
 DEFAULT_ENCODING: EncodingName = "cl100k_base"
@@ -185,11 +186,19 @@ def _message_texts(message: dict[str, Any]) -> list[str]:
     return texts
 
 
+MEMO = CountMemo()  # counts of long message texts: later turns of a session reuse them
+
+
 def count_chat_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAULT_ENCODING) -> int:
     """Prompt tokens of a ``/v1/chat/completions`` request document (``messages``, ``tools``)
-    by the cookbook rule (module docstring)."""
+    by the cookbook rule (module docstring). Long message texts are counted once and then
+    remembered (``MEMO``), so each turn of a growing conversation encodes only what is new."""
     enc = get_encoding(encoding)
     total = 0
+
+    def encode_len(text: str) -> int:
+        return len(enc.encode_ordinary(text))
+
     messages = doc.get("messages")
     if isinstance(messages, list):
         for message in messages:
@@ -197,7 +206,7 @@ def count_chat_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAULT_ENCO
                 continue
             total += TOKENS_PER_MESSAGE
             for text in _message_texts(message):
-                total += len(enc.encode_ordinary(text))
+                total += MEMO.count(encoding, text, encode_len)
             if "name" in message:
                 total += TOKENS_PER_NAME
         total += REPLY_PRIMING_TOKENS

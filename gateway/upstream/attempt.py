@@ -90,6 +90,7 @@ class Attempt:
     #: called for each keep-alive of the engine (an SSE comment, Messages' ``ping``) before the
     #: first content event: a committed stream relays it (``gateway.relay.keepalive``)
     heartbeat: Callable[[], None] | None = None
+    kv_tokens: int = 0  # the request's prompt + output cap (routing.fit), 0 = not counted
 
     @property
     def stall_s(self) -> float:
@@ -122,7 +123,7 @@ class OpenedResponse:
             return
         self._closed = True
         self.response.close()
-        self.attempt.pool.release(self.attempt.replica)
+        self.attempt.pool.release(self.attempt.replica, self.attempt.kv_tokens)
 
 
 async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
@@ -155,6 +156,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
         headers.update(attempt.extra_headers)
     url = attempt.replica.url + (attempt.protocol.upstream_path or attempt.protocol.path)
     attempt.replica.inflight += 1
+    attempt.replica.inflight_kv_tokens += attempt.kv_tokens
     resp: UpstreamResponse | None = None
     try:
         async with asyncio.timeout_at(limit):
@@ -185,7 +187,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     except BaseException as e:
         if resp is not None:
             resp.close()
-        attempt.pool.release(attempt.replica)
+        attempt.pool.release(attempt.replica, attempt.kv_tokens)
         if isinstance(e, TimeoutError):
             # which limit was in force, not the clock: timers may fire a little early
             if limit >= attempt.deadline:

@@ -38,6 +38,9 @@ from gateway.upstream.deadline import ClientTimeouts, total_timeout_s
 from gateway.upstream.deps import StepDeps
 from gateway.upstream.retry import PoolHistory, RetryCause, Stop, StopReason, next_attempt
 
+# plan reasons that dropped the asked-for tier before any attempt (the fallback header says so)
+PLANNED_FALLBACKS = ("tier-unavailable", "context-does-not-fit")
+
 
 async def open_with_failover(
     state: StepDeps,
@@ -92,7 +95,8 @@ async def open_with_failover(
     metrics = state.metrics
     payloads: dict[tuple[str, int | None], bytes] = {}
     loop = asyncio.get_running_loop()
-    reasons = [RetryCause(None, plan.reason)] if plan.reason == "tier-unavailable" else []
+    # the first tier dropped before any attempt: why, in the fallback header
+    reasons = [RetryCause(None, plan.reason)] if plan.reason in PLANNED_FALLBACKS else []
     rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
     last: GatewayError | None = None
     deadline: float | None = None
@@ -171,6 +175,7 @@ async def open_with_failover(
                 request_id=rec.request_id,
                 stream=body.upstream_stream,
                 json_ok=body.assemble,
+                kv_tokens=plan.route.tokens if plan.route is not None else 0,
                 deadline=deadline,
                 total_s=total_s,
                 extra_headers=span.headers(),
@@ -233,7 +238,7 @@ async def open_with_failover(
             opened.span = span
             rec.served_tier = pool.tier
             rec.ttft_s = opened.ttft_s
-            if pool is not plan.chain[0] or plan.reason == "tier-unavailable":
+            if pool is not plan.chain[0] or plan.reason in PLANNED_FALLBACKS:
                 rec.fallback = ",".join(map(str, reasons))
             return opened
         if loop.time() >= deadline or last_reason == STREAM_4XX:

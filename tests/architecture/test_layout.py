@@ -23,7 +23,7 @@ MAX_LINES = 400
 #: config, errors and the common helpers (the SSE wire format among them), then the fleet
 #: (pools, replicas, outlier state, retry budgets); then the steps in request order.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer.split()) for layer in (
-    "config errors common asgi",
+    "config errors common asgi capacity",
     "fleet",
     "routing telemetry",
     "plan",

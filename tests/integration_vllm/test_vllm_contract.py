@@ -286,7 +286,8 @@ def test_gateway_reads_vllm_metrics(vllm_stack: VllmStack) -> None:
     values = load.parse_engine_metrics(text)
     assert set(values) == {load.RUNNING, load.WAITING, load.KV_USAGE,
                            load.SPEC_DRAFTS, load.SPEC_ACCEPTED, load.SPEC_DRAFT_TOKENS,
-                           load.PREFIX_QUERIES, load.PREFIX_HITS}  # the ngram fast server
+                           load.PREFIX_QUERIES, load.PREFIX_HITS,  # the ngram fast server
+                           load.PREEMPTIONS, load.KV_BLOCKS, load.KV_BLOCK_SIZE}
     assert 0.0 <= values[load.KV_USAGE] <= 1.0
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from gateway.fleet.pools import Replica
 from gateway.routing.scorers.base import ScoreContext
 from gateway.routing.scorers.hash import score_hash
+from gateway.routing.scorers.headroom import score_headroom
 from gateway.routing.scorers.load import score_load
 from gateway.routing.scorers.prefix import score_prefix
 from gateway.routing.scorers.session import score_session
@@ -20,6 +21,7 @@ SCORERS: dict[str, Scorer] = {
     "session": score_session,
     "load": score_load,
     "hash": score_hash,
+    "headroom": score_headroom,
 }
 
 __all__ = ["SCORERS", "ScoreContext", "Scorer"]

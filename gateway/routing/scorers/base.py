@@ -15,7 +15,8 @@ class ScoreContext:
     order of the whole pool; ``loads``: requests per candidate (``fleet.pools.replica_load``);
     ``lead_blocks``: blocks of the shared preamble (system prompt) that prove no affinity;
     ``sessions``: active sessions per candidate (``session_ledger``) when a session is being bound,
-    None for policies that keep no session state."""
+    None for policies that keep no session state; ``tokens`` and ``now`` for the headroom
+    scorer."""
 
     lookup: Lookup | None
     blocks: int
@@ -23,3 +24,5 @@ class ScoreContext:
     loads: dict[Replica, int] = field(default_factory=dict)
     lead_blocks: int = 0
     sessions: dict[Replica, int] | None = None
+    tokens: int = 0  # the request's prompt + output cap (routing.fit); 0 = not counted
+    now: float = 0.0  # monotonic s of the pick (freshness of scraped engine values)

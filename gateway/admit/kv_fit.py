@@ -1,0 +1,38 @@
+"""Fit at admission: the request's tokens (prompt + output cap) against each replica's
+``max_model_len`` and KV pool, before any replica is asked (``gateway.routing.fit``)."""
+
+from __future__ import annotations
+
+from gateway.admit.gate import estimate_tokens, output_cap
+from gateway.plan.chain import Plan
+from gateway.protocols.base import Protocol
+from gateway.protocols.body import ParsedBody
+from gateway.routing import RouteRequest
+from gateway.routing.fit import check_chain, limits_known, smallest_capacity
+
+
+async def fit_replicas(
+    plan: Plan, route: RouteRequest, body: ParsedBody, raw_size: int, protocol: Protocol,
+    encoding: str,
+) -> None:
+    """Count the request's tokens (prompt + output cap, into ``route.tokens``) when some
+    replica of ``plan.chain`` has known limits, keep the pools where it fits (reason
+    ``context-does-not-fit`` when the first tier is dropped) and let the picker skip the
+    replicas it does not fit. Raises ``ContextTooLong`` (400) when it fits none. A body whose
+    bytes (``raw_size``) plus output cap fit the smallest known replica (a token is at least
+    one byte) is not counted: bytes / 4 (OpenAI's rule of thumb) serves the headroom scorer.
+    ``encoding``: the tiktoken encoding of the estimate."""
+    if not protocol.generates or not limits_known(plan.chain):
+        return
+    cap = output_cap(body.conversation)
+    if raw_size + cap <= smallest_capacity(plan.chain):
+        route.tokens = raw_size // 4 + cap
+        return
+    route.tokens = await estimate_tokens(
+        body.conversation, protocol.count_kind,  # type: ignore[arg-type]
+        raw_size, encoding,
+    )
+    first = plan.chain[0] if plan.chain else None
+    plan.chain = check_chain(plan.chain, route.tokens)
+    if plan.chain and plan.chain[0] is not first:
+        plan.reason = "context-does-not-fit"
