@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 #: The page names other changes write their sections for (``<!-- page: X.md -->``).
 PAGES = {"index.md", "getting-started.md", "agents.md", "tiers.md", "resilience.md",
          "sessions.md", "admission.md", "telemetry.md", "console.md", "deployment.md",
-         "configuration.md", "simulator.md", "benchmarks.md", "architecture.md"}
+         "configuration.md", "simulator.md", "benchmarks.md", "architecture.md",
+         "capacity.md"}
 
 
 def _nav_pages(nav: list) -> set[str]:
