@@ -67,7 +67,7 @@ def test_planner_matches_vllm_blocks_and_concurrency(
 def test_gateway_scrapes_capacity_and_preemptions_from_vllm(
     replica: tuple[VllmReplica, Path],
 ) -> None:
-    from gateway.routing import load
+    from gateway.upstream import load_scraper as load
 
     r, _ = replica
     info: dict[str, str] = {}

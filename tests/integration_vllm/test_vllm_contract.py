@@ -280,7 +280,7 @@ def test_client_disconnect_aborts_generation(vllm_stack: VllmStack) -> None:
 
 def test_gateway_reads_vllm_metrics(vllm_stack: VllmStack) -> None:
     """The gateway's engine-metrics parser (load signals for routing) reads real vLLM."""
-    from gateway.routing import load
+    from gateway.upstream import load_scraper as load
 
     text = httpx.get(vllm_stack.fast + "/metrics", timeout=10).text
     values = load.parse_engine_metrics(text)
