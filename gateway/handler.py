@@ -24,7 +24,7 @@ from gateway.admit.admission import Ticket
 from gateway.admit.gate import Gate
 from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
-from gateway.admit.session import body_session, header_session
+from gateway.admit.session import body_session, derived_session, header_session
 from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, read_body
 from gateway.common.usage import Usage
 from gateway.config import Prices
@@ -38,6 +38,7 @@ from gateway.relay.keepalive import PrefillKeepalive
 from gateway.relay.resume import relay_resumable
 from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
+from gateway.routing.keys import affinity_id
 from gateway.state import GatewayState
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import GapTimer
@@ -100,6 +101,9 @@ class ApiRoute:
             )
             allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
             await protocol.prepare(body, rec.key_id)  # e.g. previous_response_id expanded
+            if rec.session_id is None:  # none named: the Responses chain, else the conversation
+                rec.session_id, rec.session_src = derived_session(
+                    body.chain_root, body.conversation, rec.key_id)
             if gate is not None:  # limits before any routing work (a refused request costs ~0)
                 reservation, limit_headers = await gate.reserve(key, body, protocol, raw_size)
             # priority band and session budget (past its soft share auto takes the cheaper tier)
@@ -109,7 +113,8 @@ class ApiRoute:
             # estimate for this request
             conversation = body.conversation
             route = RouteRequest.from_doc(
-                conversation, rec.session_id or body.session_hint, scope=rec.key_id
+                conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
+                scope=rec.key_id,
             )
             choice = await choose_auto(state.auto, treq, route, conversation, allowed,
                                        ticket.over_soft_budget)

@@ -19,6 +19,7 @@ from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol, ResumePoint
 from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
+from gateway.routing.keys import affinity_id
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
@@ -74,7 +75,8 @@ async def open_continuation(
     start = chain.index(broken) if broken in chain else 0
     pools = [p for p in chain[start:] if p.config.resume.enabled]
     route = res.plan.route or RouteRequest.from_doc(
-        body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
+        body.conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
+            scope=rec.key_id,
     )
     # how long the continuation may wait for a usable replica: the request's deadline, and
     # the stall timeout the client is already subject to (no event may lag by more than

@@ -25,6 +25,7 @@ from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol
 from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
+from gateway.routing.keys import affinity_id
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import AttemptTrace, RequestTrace
 from gateway.upstream.attempt import (
@@ -109,7 +110,8 @@ async def open_with_failover(
     route = plan.route
     if route is None:
         route = RouteRequest.from_doc(
-            body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
+            body.conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
+            scope=rec.key_id,
         )
     for position, pool in enumerate(plan.chain):
         if deadline is None:  # the first pool's total timeout bounds the whole request
