@@ -29,7 +29,7 @@ from typing import Any
 from gateway.common.usage import Usage
 from gateway.errors import UpstreamTimeout
 from gateway.protocols.base import ResumePoint, StreamCodec
-from gateway.relay.stream import StreamResult, relay_events
+from gateway.relay.stream import StreamLimits, StreamResult, relay_events
 from gateway.telemetry.tokencount import count_text, estimate_usage
 from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.continuation import Resumption, open_continuation
@@ -70,7 +70,7 @@ async def relay_resumable(
         att = opened.attempt
         result = await relay_events(
             send, opened.head or [], opened.batches or _nothing(), current,
-            stall_s=att.stall_s, total_s=att.total_s, deadline=att.deadline,
+            StreamLimits(att.stall_s, att.total_s, att.deadline),
             itl=rec.itl, relayed=relayed, end_on_error=False,
         )
         if result.ok or result.error is None:
