@@ -27,12 +27,11 @@ from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
 from gateway.admit.session import body_session, derived_session, header_session
 from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, read_body
-from gateway.common.usage import Usage
-from gateway.config import Prices
 from gateway.errors import GatewayError
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import plan_request
-from gateway.protocols.base import Protocol, Rewrite, StreamCodec
+from gateway.protocols.base import Protocol, Rewrite
+from gateway.relay.answer import end_stream_with_error, send_json, usage_headers
 from gateway.relay.assembled import assemble_json
 from gateway.relay.keepalive import PrefillKeepalive
 from gateway.relay.resume import relay_resumable
@@ -40,7 +39,6 @@ from gateway.relay.stream import SSE_HEADERS
 from gateway.routing import RouteRequest
 from gateway.routing.keys import affinity_id
 from gateway.state import GatewayState
-from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord
 from gateway.upstream.attempt import OpenedResponse
@@ -344,54 +342,3 @@ class ApiRoute:
         if rec.queue_wait_s is not None:  # waited in the gateway queue of a saturated pool
             out.append((b"x-speedgate-queue-wait-s", f"{rec.queue_wait_s:.4f}".encode()))
         return out
-
-
-async def send_json(
-    send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
-) -> None:
-    """Send a complete JSON response with ``headers`` (lower-case byte pairs)."""
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-def usage_headers(
-    usage: Usage | None, prices: Prices, elapsed_s: float, flex: bool = False
-) -> list[tuple[bytes, bytes]]:
-    """Per-response accounting headers of a JSON response: tokens, cost (USD; ``flex``: at
-    the flex share) and output tokens per second over the upstream time ``elapsed_s``. None
-    without usage."""
-    if usage is None:
-        return []
-    out = [
-        (b"x-speedgate-prompt-tokens", str(usage.prompt).encode()),
-        (b"x-speedgate-cached-tokens", str(usage.cached).encode()),
-        (b"x-speedgate-completion-tokens", str(usage.completion).encode()),
-        (b"x-speedgate-cost-usd", f"{cost_usd(usage, prices, flex):.8f}".encode()),
-    ]
-    if elapsed_s > 0:
-        rate = f"{usage.completion / elapsed_s:.1f}".encode()
-        out.append((b"x-speedgate-output-tokens-per-s", rate))
-    return out
-
-
-async def end_stream_with_error(
-    send: Any, protocol: Protocol, codecs: list[StreamCodec], err: GatewayError
-) -> None:
-    """Best effort: one in-band error event of the protocol's kind (from the stream's codec,
-    which numbers events where the protocol does) and the end of a started SSE stream (the
-    client may be gone already)."""
-    event = codecs[0].error_event(err) if codecs else protocol.error_event(err)
-    try:
-        await send({"type": "http.response.body", "body": event, "more_body": False})
-    except Exception:
-        pass
