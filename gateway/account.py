@@ -9,51 +9,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
 
 from gateway.state import GatewayState
 from gateway.telemetry.access_log import log_access
 from gateway.telemetry.cost import cost_usd
-from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import estimate_usage
-from gateway.telemetry.tracing import RequestTrace
 from gateway.telemetry.usage_store import UsageDelta
-
-if TYPE_CHECKING:
-    from gateway.protocols.base import Protocol
+from gateway.upstream.exchange import Exchange
 
 log = logging.getLogger("speedgate.accounting")
 
 
-async def account(
-    state: GatewayState,
-    rec: RequestRecord,
-    trace: RequestTrace,
-    *,
-    protocol: Protocol,
-    doc: dict[str, Any] | None,
-    raw_size: int,
-    relayed: list[bytes],
-    response_doc: dict[str, Any] | None,
-) -> None:
-    """Finish ``rec`` and record it everywhere. ``doc``: the request's chat-shaped conversation
-    (``ParsedBody.conversation``; None when it never parsed), counted with the ``protocol``'s
-    rule when the engine reported no usage; ``relayed``: the stream payloads sent to the
-    client; ``response_doc``: the JSON response sent. Never raises (a failure here is logged,
-    the request is already answered)."""
+async def account(state: GatewayState, ex: Exchange) -> None:
+    """Finish ``ex.rec`` and record it everywhere (``state``: the gateway's, for the stores,
+    the auto tier and the console). When the engine reported no usage, it is estimated from
+    the request's chat-shaped conversation (``ex.parsed``; none when it never parsed), counted
+    with ``ex.protocol``'s rule, and the output: the stream payloads sent (``ex.relayed``) or
+    the JSON response (``ex.response_doc``). Whether the response had started
+    (``ex.started``) is recorded as ``rec.response_started``. Never raises (a failure here is
+    logged, the request is already answered)."""
+    rec, trace, protocol, relayed = ex.rec, ex.trace, ex.protocol, ex.relayed
+    doc = ex.parsed.conversation if ex.parsed is not None else None
     rec.e2e_s = time.monotonic() - rec.t_start
+    rec.response_started = ex.started
     try:
         if rec.served_tier and rec.usage is None and doc is not None and protocol.generates:
             output = (
                 protocol.output_text(relayed)
                 if rec.stream
-                else protocol.json_output_text(response_doc or {})
+                else protocol.json_output_text(ex.response_doc or {})
             )
             rec.usage = await estimate_usage(
                 doc,
                 protocol.count_kind,  # type: ignore[arg-type]
                 output,
-                size_hint=raw_size,
+                size_hint=ex.raw_size,
                 encoding=state.config.telemetry.usage_estimate_encoding,
             )
             rec.usage_estimated = True

@@ -27,6 +27,7 @@ from gateway.admit.admission import Ticket
 from gateway.admit.flow.flow_control import BYTES_PER_TOKEN
 from gateway.admit.flow.refusal import QueueRefused
 from gateway.admit.ratelimit import Reservation
+from gateway.admit.session import derived_session
 from gateway.common.ids import bounded_id
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, NoHealthyReplica
@@ -37,6 +38,7 @@ from gateway.plan.chain import Plan, plan_request
 from gateway.protocols.base import Protocol
 from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_least_inflight, pick_replica
+from gateway.routing.keys import affinity_id
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.record import RequestRecord
 
@@ -141,9 +143,13 @@ class Picker:
         pick: Pick | None = None
         ticket: Ticket | None = None
         try:
+            if rec.session_id is None:  # none named: the conversation (gateway.admit.session)
+                rec.session_id, rec.session_src = derived_session(
+                    body.chain_root, body.conversation, rec.key_id)
             ticket = await rt.admission.enter(key, treq, allowed, scope, body, len(raw), rec)
-            route = RouteRequest.from_doc(body.conversation, rec.session_id or body.session_hint,
-                                          scope=rec.key_id)
+            route = RouteRequest.from_doc(
+                body.conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
+                scope=rec.key_id)
             choice = await choose_auto(rt.auto, treq, route, body.conversation, allowed,
                                        ticket.over_soft_budget)
             plan = plan_request(treq, rt.pools, allowed, choice)

@@ -11,8 +11,9 @@ engine's stream is framed and where its first content event and usage are (a per
 Public surface:
 
 - ``base``: ``Protocol``, ``StreamCodec`` and its verdicts (``SKIP``, ``FRAME``, ``CONTENT``,
-  ``DONE``, ``ERROR``), ``HEAD_FRAME`` / ``HEAD_CONTENT`` / ``HEAD_ERROR``, ``Rewrite``,
-  ``Exchange`` (per-request protocol state) and ``named_event``;
+  ``DONE``, ``ERROR``), ``HEAD_FRAME`` / ``HEAD_CONTENT`` / ``HEAD_ERROR``, ``Rewrite`` and
+  ``named_event`` (a protocol's per-request state lives in ``ParsedBody.ext``; the request
+  context the steps share is ``gateway.upstream.exchange.Exchange``);
 - ``body``: ``ParsedBody`` (the fields the gateway reads, the chat-shaped ``conversation``),
   the chat/completions ``parse_body`` and ``upstream_body`` (the client's bytes with ``model``
   and usage options spliced in, never re-serialised) and ``splice_model``;

@@ -32,12 +32,16 @@ class ParsedBody:
     routing keys, token estimates and the auto tier, when the API's own shape differs (None:
     ``doc`` is that shape already; read it through ``conversation``). ``session_hint``: a
     session key the protocol derived (e.g. a Responses chain), used when the client sent no
-    ``x-session-id``. ``ext``: the protocol's own per-request state."""
+    ``x-session-id``, for routing affinity. ``chain_root``: the first response id of the
+    Responses chain the request belongs to (its own id on a first turn that will be stored),
+    the session of a request that names none (``gateway.admit.session``). ``ext``: the
+    protocol's own per-request state."""
 
     raw: bytes
     doc: dict[str, Any]
     view: dict[str, Any] | None = None
     session_hint: str | None = None
+    chain_root: str | None = None
     ext: Any = None
     assemble: bool = False  # a JSON answer assembled from an upstream stream (staged timeouts)
 

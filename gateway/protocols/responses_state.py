@@ -133,11 +133,13 @@ class ResponsesState:
 
     async def expand(self, body: ParsedBody, key_id: str | None) -> None:
         """Expand ``previous_response_id`` into the full input (``turn.full_input``,
-        ``body.view``, ``body.session_hint``): 404 ``ResponseNotFound`` when it is not this
-        key's or has expired, 503 ``StateUnavailable`` when the store does not answer."""
+        ``body.view``, ``body.session_hint``, ``body.chain_root``; a first turn that will be
+        stored starts a chain: ``chain_root`` its own id): 404 ``ResponseNotFound`` when it is
+        not this key's or has expired, 503 ``StateUnavailable`` when the store does not answer."""
         turn: Turn = body.ext
         if turn.previous_id is None:
             turn.root = turn.response_id
+            body.chain_root = turn.response_id if turn.store else None
             return
         if not is_response_id(turn.previous_id):  # names nothing: no lookup
             raise ResponseNotFound(
@@ -168,7 +170,7 @@ class ResponsesState:
         full += turn.items
         turn.full_input, turn.chain = full, [*prev.get("chain", ()), turn.previous_id]
         turn.root = prev.get("root") or turn.previous_id
-        body.session_hint = "resp:" + turn.root
+        body.session_hint, body.chain_root = "resp:" + turn.root, turn.root
         body.view = chat_view(body.doc, full)
 
     @contextlib.asynccontextmanager

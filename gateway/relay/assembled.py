@@ -21,18 +21,15 @@ import orjson
 
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError
-from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol, Rewrite
 from gateway.protocols.body import ParsedBody
 from gateway.relay.resume import relay_resumable
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import estimate_usage
-from gateway.telemetry.tracing import RequestTrace
-from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.client import forget_traceback
 from gateway.upstream.continuation import Resumption
 from gateway.upstream.deadline import ClientTimeouts
-from gateway.upstream.deps import StepDeps
+from gateway.upstream.exchange import Exchange
 from gateway.upstream.failover import open_with_failover
 
 log = logging.getLogger("speedgate.resume")
@@ -43,23 +40,14 @@ MAX_FRESH = 2  # fresh attempts after unresumable breaks, per request
 NOT_RETRIED = frozenset({"total-timeout", "unreadable"})
 
 
-async def assemble_json(
-    state: StepDeps,
-    plan: Plan,
-    attempts: list[OpenedResponse],
-    body: ParsedBody,
-    protocol: Protocol,
-    rec: RequestRecord,
-    trace: RequestTrace,
-    relayed: list[bytes],
-    rewrite: Rewrite,
-) -> tuple[dict[str, Any], float]:
-    """The JSON answer (the engine's document shape) from ``attempts[-1]``'s stream, and the
-    upstream seconds it took. A fresh attempt that opens is appended to ``attempts`` (the
-    caller closes them all and reads the last one's pool and replica); ``relayed`` then holds
-    only its payloads. An engine that answered the fresh attempt with a JSON body is served
-    as is. Raises the last failure's ``GatewayError`` (e.g. 502, 504) when no answer came."""
-    out = await _assemble(state, plan, attempts, body, protocol, rec, trace, relayed, rewrite)
+async def assemble_json(ex: Exchange, rewrite: Rewrite) -> tuple[dict[str, Any], float]:
+    """The JSON answer (the engine's document shape) from ``ex.attempts[-1]``'s stream, and the
+    upstream seconds it took; ``rewrite`` for the protocol's assembler. A fresh attempt that
+    opens is appended to ``ex.attempts`` (the caller closes them all and reads the last one's
+    pool and replica); ``ex.relayed`` then holds only its payloads. An engine that answered the
+    fresh attempt with a JSON body is served as is. Raises the last failure's ``GatewayError``
+    (e.g. 502, 504) when no answer came."""
+    out = await _assemble(ex, rewrite)
     if isinstance(out, GatewayError):
         # raised from here, with no local left holding it: a frame of its own traceback that
         # held the error would make a reference cycle per failed request
@@ -70,18 +58,10 @@ async def assemble_json(
     return out
 
 
-async def _assemble(
-    state: StepDeps,
-    plan: Plan,
-    attempts: list[OpenedResponse],
-    body: ParsedBody,
-    protocol: Protocol,
-    rec: RequestRecord,
-    trace: RequestTrace,
-    relayed: list[bytes],
-    rewrite: Rewrite,
-) -> tuple[dict[str, Any], float] | GatewayError:
+async def _assemble(ex: Exchange, rewrite: Rewrite) -> tuple[dict[str, Any], float] | GatewayError:
     """``assemble_json``'s answer, or the error to raise."""
+    state, plan, body, protocol, rec = ex.state, ex.plan, ex.body, ex.protocol, ex.rec
+    attempts, relayed = ex.attempts, ex.relayed
     fresh = 0
     while True:
         opened = attempts[-1]
@@ -92,10 +72,7 @@ async def _assemble(
         att = opened.attempt
         t0 = time.monotonic() - opened.ttft_s
         res = Resumption(plan, att.deadline, att.total_s, att.read_s)
-        result = await relay_resumable(
-            _discard, state, res, attempts, codec,
-            body=body, protocol=protocol, rec=rec, trace=trace, relayed=relayed,
-        )
+        result = await relay_resumable(ex, _discard, res, codec)
         if result.ok:
             return protocol.assemble(relayed, result.usage), time.monotonic() - t0
         err = result.error
@@ -124,7 +101,7 @@ async def _assemble(
         relayed.clear()
         timeouts = ClientTimeouts(total_s=max(0.001, att.deadline - loop.time()), read_s=att.read_s)
         try:
-            nxt = await open_with_failover(state, plan, body, protocol, rec, trace, timeouts,
+            nxt = await open_with_failover(ex, timeouts,
                                            avoid=[a.attempt.replica for a in attempts])
         except GatewayError as e:
             forget_traceback(e)  # converted: the first failure is the one the client gets

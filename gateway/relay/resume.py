@@ -28,15 +28,13 @@ from typing import Any
 
 from gateway.common.usage import Usage
 from gateway.errors import UpstreamTimeout
-from gateway.protocols.base import Protocol, ResumePoint, StreamCodec
-from gateway.protocols.body import ParsedBody
-from gateway.relay.stream import StreamResult, relay_events
-from gateway.telemetry.record import RequestRecord
+from gateway.protocols.base import ResumePoint, StreamCodec
+from gateway.relay.stream import StreamLimits, StreamResult, relay_events
 from gateway.telemetry.tokencount import count_text, estimate_usage
-from gateway.telemetry.tracing import RequestTrace
 from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.continuation import Resumption, open_continuation
 from gateway.upstream.deps import StepDeps
+from gateway.upstream.exchange import Exchange
 
 log = logging.getLogger("speedgate.resume")
 
@@ -48,27 +46,20 @@ NOT_THE_REPLICAS = NOT_RESUMABLE | {"diverged"}
 
 
 async def relay_resumable(
-    send: Any,
-    state: StepDeps,
-    res: Resumption,
-    attempts: list[OpenedResponse],
-    codec: StreamCodec,
-    *,
-    body: ParsedBody,
-    protocol: Protocol,
-    rec: RequestRecord,
-    trace: RequestTrace,
-    relayed: list[bytes],
+    ex: Exchange, send: Any, res: Resumption, codec: StreamCodec
 ) -> StreamResult:
-    """Relay ``attempts[-1]`` (the opened first attempt) to the client through ``codec``, and
-    after each break the continuation that takes over (appended to ``attempts``; the caller
-    closes them all, each is closed here once it broke). Returns the last attempt's result; on
-    failure its in-band error event has been sent (when the last attempt diverged, the error of
-    the replica's break before it: what the client is told broke its stream). Records each
-    break in ``rec.resumes`` and ``speedgate_resumes_total``, and the broken replica's failure
-    for outlier ejection; a continuation on another tier in ``rec.fallback``
-    (``<tier>:resume-<reason>``: the access log, and ``x-speedgate-fallback`` of a JSON answer,
-    whose headers are not sent yet) and ``speedgate_fallbacks_total``."""
+    """Relay ``ex.attempts[-1]`` (the opened first attempt) through ``codec`` to ``send`` (the
+    client's, or a sink for an assembled answer), and after each break the continuation that
+    takes over (appended to ``ex.attempts``; the caller closes them all, each is closed here
+    once it broke); the content payloads sent are collected in ``ex.relayed``. Returns the last
+    attempt's result; on failure its in-band error event has been sent (when the last attempt
+    diverged, the error of the replica's break before it: what the client is told broke its
+    stream). Records each break in ``rec.resumes`` and ``speedgate_resumes_total``, and the
+    broken replica's failure for outlier ejection; a continuation on another tier in
+    ``rec.fallback`` (``<tier>:resume-<reason>``: the access log, and ``x-speedgate-fallback``
+    of a JSON answer, whose headers are not sent yet) and ``speedgate_fallbacks_total``."""
+    state, body, protocol, rec = ex.state, ex.body, ex.protocol, ex.rec
+    attempts, relayed = ex.attempts, ex.relayed
     current = codec
     carried: list[int] = []  # output tokens (estimated) of each broken attempt
     before = 0
@@ -79,7 +70,7 @@ async def relay_resumable(
         att = opened.attempt
         result = await relay_events(
             send, opened.head or [], opened.batches or _nothing(), current,
-            stall_s=att.stall_s, total_s=att.total_s, deadline=att.deadline,
+            StreamLimits(att.stall_s, att.total_s, att.deadline),
             itl=rec.itl, relayed=relayed, end_on_error=False,
         )
         if result.ok or result.error is None:
@@ -106,7 +97,7 @@ async def relay_resumable(
         if diverged or no_heal:  # carry the whole text from now on
             point.heal, no_heal = "", True
         if point.complete:  # every choice finished: only the usage and end marker lost
-            ended = await _end_complete(state, current, body, protocol, rec, relayed)
+            ended = await _end_complete(ex, current)
             if ended is not None:
                 events, usage = ended
                 entry["outcome"] = "completed"
@@ -124,7 +115,7 @@ async def relay_resumable(
             break
         entry["carried_chars"] = len(point.text) + len(point.reasoning)
         res.failed.append(att.replica)
-        nxt = await open_continuation(state, res, att.pool, body, protocol, point, rec, trace)
+        nxt = await open_continuation(ex, res, att.pool, point)
         if nxt is None:
             entry.update(outcome="failed", rule=res.stopped or "no-replica")
             state.metrics.record_resume(att.pool, reason, "failed")
@@ -152,33 +143,27 @@ async def relay_resumable(
     return result
 
 
-async def _end_complete(
-    state: StepDeps,
-    codec: StreamCodec,
-    body: ParsedBody,
-    protocol: Protocol,
-    rec: RequestRecord,
-    relayed: list[bytes],
-) -> tuple[bytes, Usage | None] | None:
+async def _end_complete(ex: Exchange, codec: StreamCodec) -> tuple[bytes, Usage | None] | None:
     """``(events, usage)`` that end a stream whose every choice finished before its replica
     broke it (``codec.ending``), or None when the protocol does not end streams so. Usage is
     the engine's when its report came; otherwise the gateway's estimate, as accounting makes
     one for an engine that never reports usage (tiktoken: the conversation's prompt and the
     relayed text, ``gateway.telemetry.tokencount``), and ``rec.usage_estimated`` is set (the
     access log and ``speedgate_usage_estimated_total`` say so)."""
+    body, protocol, relayed = ex.body, ex.protocol, ex.relayed
     usage = codec.usage
     estimate = None
     if usage is None and protocol.generates:
         estimate = await estimate_usage(
             body.conversation, protocol.count_kind,  # type: ignore[arg-type]
             protocol.output_text(relayed), size_hint=len(body.raw),
-            encoding=state.config.telemetry.usage_estimate_encoding,
+            encoding=ex.state.config.telemetry.usage_estimate_encoding,
         )
     events = codec.ending(estimate, relayed)
     if events is None:
         return None
     if usage is None and estimate is not None:
-        usage, rec.usage_estimated = estimate, True
+        usage, ex.rec.usage_estimated = estimate, True
     return events, usage
 
 

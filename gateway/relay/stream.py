@@ -50,15 +50,24 @@ class StreamResult:
     error_event: bytes = b""  # the in-band error event for ``error`` (sent unless resumed)
 
 
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """The time limits of one relayed stream (an attempt's, ``Attempt``): ``stall_s`` the
+    longest allowed gap between upstream reads that complete events (seconds), ``deadline``
+    the loop time at which the total deadline of ``total_s`` seconds expires."""
+
+    stall_s: float
+    total_s: float
+    deadline: float
+
+
 async def relay_events(
     send: Any,
     head: list[SSEEvent],
     batches: AsyncIterator[list[SSEEvent]],
     codec: StreamCodec,
+    limits: StreamLimits,
     *,
-    stall_s: float,
-    total_s: float,
-    deadline: float,
     itl: GapTimer | None = None,
     relayed: list[bytes] | None = None,
     end_on_error: bool = True,
@@ -67,8 +76,7 @@ async def relay_events(
     batch of events to the client as soon as it is complete: one write per upstream read.
 
     ``codec`` (the protocol's, for this stream) rewrites each event and classifies it.
-    ``stall_s``: longest allowed gap between upstream reads that complete events (seconds);
-    ``deadline``: loop time at which the total deadline (``total_s``) expires. On a broken
+    ``limits``: the stall timeout and the total deadline (``StreamLimits``). On a broken
     upstream, a stall or the deadline, sends one in-band error event and returns (the caller
     closes the upstream connection so the engine aborts). ``itl`` gets a tick per content event
     sent (inter-token latency); ``relayed`` collects the content payloads sent (references, no
@@ -79,6 +87,7 @@ async def relay_events(
     """
     result = StreamResult()
     loop = asyncio.get_running_loop()
+    stall_s, total_s, deadline = limits.stall_s, limits.total_s, limits.deadline
 
     def frame(events: list[SSEEvent], out: list[bytes]) -> bool:
         """Append the client bytes of ``events`` to ``out``; True once the stream is over:

@@ -30,6 +30,10 @@ import orjson
 
 from gateway.common.ids import bounded_id
 
+#: ``session_src`` of the sessions the gateway derives itself (``gateway.admit.session``):
+#: a Responses chain's first response id, the conversation hash.
+RESPONSES_CHAIN = "responses_chain"
+CONVERSATION = "conversation"
 #: Conversations with more characters than this are hashed in a worker thread.
 THREAD_CHARS = 256 * 1024
 
@@ -102,6 +106,16 @@ def session_key(
         texts = message_texts(doc)
         h.update((texts[0] if texts else "")[:lead_chars].encode())
     return "p:" + h.hexdigest()
+
+
+def affinity_id(session_id: str | None, source: str | None, hint: str | None) -> str | None:
+    """The id routing keys affinity by (``RouteRequest.from_doc``'s ``session_header``): the
+    session id a client named (``gateway.admit.session``); for a session the gateway derived
+    (``source`` ``RESPONSES_CHAIN`` or ``CONVERSATION``) or none yet, ``hint``
+    (``ParsedBody.session_hint``: a chain's later turns; None: the conversation hash)."""
+    if source in (RESPONSES_CHAIN, CONVERSATION):
+        return hint
+    return session_id or hint
 
 
 def block_chain(texts: list[str], chunk_chars: int, max_chars: int) -> list[bytes]:

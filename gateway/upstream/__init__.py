@@ -12,6 +12,9 @@
 - ``retry``: backoff with full jitter (the retry budget and outlier state are the fleet's,
   ``gateway.fleet``); ``deadline``: the request's total deadline from the client's headers;
 - ``deps``: ``StepDeps``, what these steps read from the gateway's state;
+- ``exchange``: ``Exchange``, the request context the handler builds once and every step from
+  here up takes (body, plan, protocol, record, trace, attempts, relayed payloads, whether the
+  response started);
 - engine polling: ``health``: ``HealthChecker``, active ``/health`` probes; ``load_scraper``:
   ``LoadScraper``, each replica's ``/metrics`` (queue, KV usage, spec-decode counters);
   ``discovery``: ``DnsDiscovery``, replicas from DNS (a Kubernetes headless Service).

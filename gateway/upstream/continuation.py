@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from gateway.errors import EngineClientError, UnreadableResponse, UpstreamTimeout
 from gateway.fleet.pools import Pool, Replica, wait_for_slot
 from gateway.plan.chain import Plan
-from gateway.protocols.base import Protocol, ResumePoint
-from gateway.protocols.body import ParsedBody
+from gateway.protocols.base import ResumePoint
 from gateway.routing import RouteRequest, pick_replica
-from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tracing import RequestTrace
+from gateway.routing.keys import affinity_id
 from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
 from gateway.upstream.deps import StepDeps
+from gateway.upstream.exchange import Exchange
 from gateway.upstream.retry import full_jitter_backoff_s
 from gateway.upstream.tokenize import TOKENIZE_TIMEOUT_S, engine_token_count
 
@@ -44,14 +43,7 @@ class Resumption:
 
 
 async def open_continuation(
-    state: StepDeps,
-    res: Resumption,
-    broken: Pool,
-    body: ParsedBody,
-    protocol: Protocol,
-    point: ResumePoint,
-    rec: RequestRecord,
-    trace: RequestTrace,
+    ex: Exchange, res: Resumption, broken: Pool, point: ResumePoint
 ) -> OpenedResponse | None:
     """The first continuation attempt that produced a first content event, or None when none
     could; then ``res.stopped`` names what stopped it: ``deadline``, ``no-replica`` (every
@@ -69,12 +61,14 @@ async def open_continuation(
     count of its carried text yet, one is asked of a usable replica (``_carried_tokens``,
     ``gateway.upstream.tokenize``: at most ``TOKENIZE_TIMEOUT_S``, within the wait above), which
     the output limit of the continuation is shrunk by."""
+    state, body, protocol, rec = ex.state, ex.body, ex.protocol, ex.rec
     loop = asyncio.get_running_loop()
     chain = res.plan.chain
     start = chain.index(broken) if broken in chain else 0
     pools = [p for p in chain[start:] if p.config.resume.enabled]
     route = res.plan.route or RouteRequest.from_doc(
-        body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
+        body.conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
+            scope=rec.key_id,
     )
     # how long the continuation may wait for a usable replica: the request's deadline, and
     # the stall timeout the client is already subject to (no event may lag by more than
@@ -93,8 +87,7 @@ async def open_continuation(
     while True:
         n += 1
         for pool in pools:
-            opened, stop = await _try_pool(state, res, pool, payloads[id(pool)], protocol,
-                                           route, rec, trace)
+            opened, stop = await _try_pool(ex, res, pool, payloads[id(pool)], route)
             if opened is not None or stop:
                 return opened
         # no replica could take it now (the others saturated, restarting, unhealthy or
@@ -112,18 +105,12 @@ async def open_continuation(
 
 
 async def _try_pool(
-    state: StepDeps,
-    res: Resumption,
-    pool: Pool,
-    payload: bytes,
-    protocol: Protocol,
-    route: RouteRequest,
-    rec: RequestRecord,
-    trace: RequestTrace,
+    ex: Exchange, res: Resumption, pool: Pool, payload: bytes, route: RouteRequest
 ) -> tuple[OpenedResponse | None, bool]:
     """``(opened, stop)``: the continuation opened on a usable replica of ``pool`` not in
     ``res.failed``, or None; ``stop`` when no further try may follow (the deadline). Sets
     ``res.stopped`` when it returns None."""
+    state, protocol, rec = ex.state, ex.protocol, ex.rec
     loop = asyncio.get_running_loop()
     metrics = state.metrics
     served = pool.config.served_model_name
@@ -138,7 +125,7 @@ async def _try_pool(
         rec.attempts += 1
         rec.retries.append("resume")
         metrics.record_retry(pool, "resume")
-        span = trace.attempt(pool=pool.key, tier=pool.tier, replica=replica.safe_url,
+        span = ex.trace.attempt(pool=pool.key, tier=pool.tier, replica=replica.safe_url,
                              model=served, number=rec.attempts, retry_reason="resume")
         attempt = Attempt(pool=pool, replica=replica, payload=payload, protocol=protocol,
                           request_id=rec.request_id, stream=True, deadline=res.deadline,

@@ -22,11 +22,10 @@ from gateway.errors import (
 )
 from gateway.fleet.pools import Pool, Replica
 from gateway.plan.chain import Plan
-from gateway.protocols.base import Protocol
-from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest, pick_replica
+from gateway.routing.keys import affinity_id
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tracing import AttemptTrace, RequestTrace
+from gateway.telemetry.tracing import AttemptTrace
 from gateway.upstream.attempt import (
     STREAM_4XX,
     Attempt,
@@ -36,6 +35,7 @@ from gateway.upstream.attempt import (
 )
 from gateway.upstream.deadline import ClientTimeouts, total_timeout_s
 from gateway.upstream.deps import StepDeps
+from gateway.upstream.exchange import Exchange
 from gateway.upstream.retry import PoolHistory, RetryCause, Stop, StopReason, next_attempt
 
 # plan reasons that dropped the asked-for tier before any attempt (the fallback header says so)
@@ -43,24 +43,20 @@ PLANNED_FALLBACKS = ("tier-unavailable", "context-does-not-fit")
 
 
 async def open_with_failover(
-    state: StepDeps,
-    plan: Plan,
-    body: ParsedBody,
-    protocol: Protocol,
-    rec: RequestRecord,
-    trace: RequestTrace,
+    ex: Exchange,
     timeouts: ClientTimeouts | None = None,
     avoid: Sequence[Replica] = (),
     heartbeat: Callable[[], None] | None = None,
 ) -> OpenedResponse:
-    """Try each pool of ``plan.chain`` at most ``retry.max_attempts`` times, each attempt on a
-    replica not tried yet, until one answers. ``protocol`` makes each pool's upstream body and
-    says when a stream's first content event arrived. ``timeouts`` (the client's, from its
-    headers): ``total_s`` may shorten the first pool's ``total_s``, which bounds the whole
-    request; ``read_s`` bounds the wait for the first byte since the request arrived (every
-    attempt) and the stall between events after it. ``avoid``: replicas to ask only when no
-    other is usable, in their pool or a later one of the chain (e.g. those whose streams of
-    this request broke before a fresh attempt: the next tier before a replica that broke it).
+    """Try each pool of ``ex.plan.chain`` at most ``retry.max_attempts`` times, each attempt on
+    a replica not tried yet, until one answers. ``ex.protocol`` makes each pool's upstream body
+    and says when a stream's first content event arrived. ``timeouts`` (the client's, from its
+    headers; default ``ex.timeouts``): ``total_s`` may shorten the first pool's ``total_s``,
+    which bounds the whole request; ``read_s`` bounds the wait for the first byte since the
+    request arrived (every attempt) and the stall between events after it. ``avoid``: replicas
+    to ask only when no other is usable, in their pool or a later one of the chain (e.g. those
+    whose streams of this request broke before a fresh attempt: the next tier before a
+    replica that broke it).
     ``heartbeat``: each attempt's (``Attempt.heartbeat``: the engine's keep-alives).
 
     An in-stream error event with a client's 4xx code before any content (``stream-4xx``) is
@@ -92,6 +88,7 @@ async def open_with_failover(
     address: the last one tried, the one that served on success), ``rec.ttft_s`` and
     ``rec.queue_s``.
     """
+    state, plan, body, protocol, rec = ex.state, ex.plan, ex.body, ex.protocol, ex.rec
     metrics = state.metrics
     payloads: dict[tuple[str, int | None], bytes] = {}
     loop = asyncio.get_running_loop()
@@ -100,7 +97,7 @@ async def open_with_failover(
     rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
     last: GatewayError | None = None
     deadline: float | None = None
-    timeouts = timeouts or ClientTimeouts()
+    timeouts = timeouts or ex.timeouts
     read_deadline = None  # the client stops waiting for its first byte then (loop time)
     if timeouts.read_s is not None:
         read_deadline = loop.time() - (time.monotonic() - rec.t_start) + timeouts.read_s
@@ -113,7 +110,8 @@ async def open_with_failover(
     route = plan.route
     if route is None:
         route = RouteRequest.from_doc(
-            body.conversation, rec.session_id or body.session_hint, scope=rec.key_id
+            body.conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
+            scope=rec.key_id,
         )
     for position, pool in enumerate(plan.chain):
         if deadline is None:  # the first pool's total timeout bounds the whole request
@@ -159,7 +157,7 @@ async def open_with_failover(
             rec.tried_tier, rec.replica = pool.tier, replica.name  # logged even if it never answers
             if rec.queue_s is None:
                 rec.queue_s = time.monotonic() - rec.t_start
-            span = trace.attempt(
+            span = ex.trace.attempt(
                 pool=pool.key,
                 tier=pool.tier,
                 replica=replica.safe_url,

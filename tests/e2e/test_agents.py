@@ -257,3 +257,45 @@ def test_unknown_coding_is_415_in_the_apis_shape(stack: Stack):
                             "content-encoding": "compress"})
     assert r.status_code == 415 and r.json()["type"] == "error"
     assert r.headers["x-should-retry"] == "false"
+
+
+def test_a_responses_chain_without_a_session_id_is_one_session_named_by_its_first_id(
+    stack: Stack,
+):
+    """Three turns of a ``previous_response_id`` chain, no session header, no
+    ``prompt_cache_key``: one session in ``/v1/usage``, the console and the access log, named
+    by the chain's first response id; every turn on one replica (affinity as before)."""
+    client, _ = codex(stack)
+    previous, first, replicas = None, None, set()
+    for turn in range(3):
+        extra = {"previous_response_id": previous} if previous else {}
+        raw = client.responses.with_raw_response.create(
+            model=MODEL, input=f"chain turn {turn} {uuid.uuid4().hex}", max_output_tokens=3,
+            **extra)
+        replicas.add(raw.headers["x-speedgate-replica"])
+        previous = raw.parse().id
+        first = first or previous
+    assert first is not None and len(replicas) == 1
+    assert admin_get(stack, "/v1/usage", session_id=first)["requests"] == 3
+    assert stack.log().count(f"session_id={first} session_src=responses_chain") == 3
+    rows = [s for s in admin_get(stack, "/v1/console/state")["sessions"]["most_active"]
+            if s["session_id"] == first]
+    assert len(rows) == 1 and rows[0]["turns"] == 3
+
+
+def test_chat_requests_sharing_a_conversation_prefix_are_one_session(stack: Stack):
+    """Two plain chat requests with no session id whose leading messages (through the first
+    user message) match are one session, the conversation hash (``session_src=conversation``),
+    counted in ``/v1/usage``; a different opening is another session."""
+    client, _ = codex(stack)
+    task = f"task {uuid.uuid4().hex}"
+    lead = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": task}]
+    client.chat.completions.create(model=MODEL, max_tokens=3, messages=lead)
+    client.chat.completions.create(model=MODEL, max_tokens=3, messages=[
+        *lead, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}])
+    client.chat.completions.create(model=MODEL, max_tokens=3, messages=[
+        {"role": "user", "content": f"other {task}"}])
+    lines = [line for line in stack.log().splitlines() if "session_src=conversation" in line]
+    sessions = [line.split("session_id=", 1)[1].split(" ", 1)[0] for line in lines[-3:]]
+    assert sessions[0] == sessions[1] != sessions[2] and sessions[0].startswith("p:")
+    assert admin_get(stack, "/v1/usage", session_id=sessions[0])["requests"] == 2

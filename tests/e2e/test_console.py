@@ -164,7 +164,11 @@ def test_state_after_known_traffic(stack: Stack) -> None:
         assert (row["turns"], row["key_id"]) == (turns, "app")
         assert row["prompt_tokens"] == sum(u.prompt for u in mine)
         assert row["cached_tokens"] == sum(u.cached for u in mine)
-    assert doc["sessions"]["active"] == 3
+    # and the three requests that named no session (same opening message): one more session,
+    # their conversation hash
+    (hashed,) = [s for sid, s in rows.items() if sid not in {p[1] for p in plan}]
+    assert hashed["session_id"].startswith("p:") and hashed["turns"] == 3
+    assert doc["sessions"]["active"] == 4
     # incidents, checked against the gateway's own Prometheus counters
     by = {(i["kind"], i["where"], i["reason"]): i["count"] for i in doc["incidents"]["by_reason"]}
     assert by == {("retry", "fast", "http-503"): 2,

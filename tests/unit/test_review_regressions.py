@@ -14,7 +14,7 @@ from gateway.config import ConfigError, GatewayConfig
 from gateway.errors import InvalidRequest, parse_engine_error
 from gateway.protocols.body import parse_body
 from gateway.protocols.openai_chat import ChatProtocol, ChunkRewriter, OpenAIStream
-from gateway.relay.stream import relay_events
+from gateway.relay.stream import StreamLimits, relay_events
 from gateway.upstream.attempt import RetryableFailure, _read_until_content
 from gateway.upstream.deadline import header_timeout_s
 
@@ -35,8 +35,8 @@ async def _relay(head, batches):
 
     loop = asyncio.get_running_loop()
     codec = OpenAIStream(ChunkRewriter("s", "m", "default"), strip_usage=True)
-    result = await relay_events(send, head, gen(), codec, stall_s=5, total_s=10,
-                                deadline=loop.time() + 10)
+    result = await relay_events(send, head, gen(), codec,
+                                StreamLimits(5, 10, loop.time() + 10))
     return result, b"".join(sent)
 
 

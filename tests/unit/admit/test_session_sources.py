@@ -1,12 +1,14 @@
 """An agent's own session id is its session: one precedence list over the headers coding agents
-send, then the body's ``prompt_cache_key`` (``gateway.admit.session``)."""
+send, then the body's ``prompt_cache_key``, then the Responses chain's first id, then the
+conversation hash (``gateway.admit.session``); routing affinity of the derived two unchanged."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.admit.session import body_session, header_session
+from gateway.admit.session import body_session, derived_session, header_session
 from gateway.common.ids import MAX_ID_CHARS
+from gateway.routing.keys import affinity_id, session_key
 
 
 def scope(**headers: str) -> dict:
@@ -39,3 +41,33 @@ def test_long_ids_are_bounded() -> None:
 ])
 def test_prompt_cache_key(doc: dict, want: tuple) -> None:
     assert body_session(doc) == want
+
+
+LEAD = {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]}
+LATER = {"messages": [*LEAD["messages"], {"role": "assistant", "content": "ok"},
+                      {"role": "user", "content": "next"}]}
+
+
+def test_a_chain_is_named_by_its_first_response_id() -> None:
+    assert derived_session("resp_first", LEAD, "k") == ("resp_first", "responses_chain")
+    assert derived_session("x" * 5000, LEAD, "k")[0] != "x" * 5000  # bounded
+
+
+def test_the_conversation_hash_is_the_session_scoped_to_the_key() -> None:
+    sid, src = derived_session(None, LEAD, "k")
+    assert src == "conversation" and sid == session_key(LEAD, None, scope="k")
+    assert derived_session(None, LATER, "k")[0] == sid  # later turns: the same leading messages
+    assert derived_session(None, LEAD, "other-key")[0] != sid  # tenants never share one
+
+
+@pytest.mark.parametrize(("session", "source", "hint", "want"), [
+    ("mine", "header", None, "mine"),  # a named session routes by its id
+    ("pck", "prompt_cache_key", "resp:resp_1", "pck"),
+    ("resp_1", "responses_chain", "resp:resp_1", "resp:resp_1"),  # a chain: as before
+    ("resp_0", "responses_chain", None, None),  # its first turn: the conversation hash
+    ("p:abc", "conversation", None, None),  # routing hashes the conversation itself
+    (None, None, "resp:resp_1", "resp:resp_1"),
+])
+def test_affinity_of_each_source(session: str | None, source: str | None, hint: str | None,
+                                 want: str | None) -> None:
+    assert affinity_id(session, source, hint) == want

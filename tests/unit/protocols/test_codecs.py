@@ -30,7 +30,7 @@ from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
 from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
 from gateway.protocols.response_store import MemoryResponseStore
 from gateway.protocols.responses import ResponsesProtocol
-from gateway.relay.stream import relay_events
+from gateway.relay.stream import StreamLimits, relay_events
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import Telemetry
 
@@ -253,7 +253,7 @@ async def test_relay_ends_a_broken_messages_stream_with_an_anthropic_error_event
             ev("content_block_delta", index=0, delta={"type": "text_delta", "text": "a"})]
     loop = asyncio.get_running_loop()
     result = await relay_events(send, head, broken(), MessagesProtocol().codec(None, REWRITE),  # type: ignore[arg-type]
-                                stall_s=5, total_s=10, deadline=loop.time() + 10)
+                                StreamLimits(5, 10, loop.time() + 10))
     out = b"".join(sent)
     assert not result.ok and result.events == 2 and result.usage.prompt == 3
     assert out.endswith(b"\n\n") and b"event: error\ndata: " in out

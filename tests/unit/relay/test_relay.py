@@ -7,7 +7,7 @@ import orjson
 from gateway.common.sse import SSEEvent
 from gateway.errors import UpstreamTimeout
 from gateway.protocols.openai_chat import ChunkRewriter, OpenAIStream
-from gateway.relay.stream import relay_events
+from gateway.relay.stream import StreamLimits, relay_events
 
 ROLE = SSEEvent(b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}')
 TOKEN = SSEEvent(b'{"model":"s","choices":[{"index":0,"delta":{"content":"a"}}]}')
@@ -28,8 +28,7 @@ async def _run(batches, stall_s=0.05, total_in_s=10.0):
     result = await relay_events(
         send, [ROLE, TOKEN], batches,
         OpenAIStream(ChunkRewriter("s", "m", "default"), strip_usage=True),
-        stall_s=stall_s, total_s=total_in_s,
-        deadline=loop.time() + total_in_s,
+        StreamLimits(stall_s, total_in_s, loop.time() + total_in_s),
     )
     return result, sent
 
