@@ -13,7 +13,9 @@ bytes read so far are never held: ``BodyTooLarge`` (413) as soon as the decoded 
 ``limit``. zlib's ``decompressobj`` (``max_length``) and Brotli's ``Decompressor``
 (``output_buffer_limit``) stop at the bound themselves; zstandard's ``decompressobj`` is fed
 slices small enough that they cannot inflate past it (``ZstdDecoder``). A corrupt or truncated
-stream is ``InvalidRequest`` (400, ``invalid_encoding``).
+stream is ``InvalidRequest`` (400, ``invalid_encoding``). A body that inflates past
+``MAX_INFLATION``:1 (beyond the first ``INFLATION_FLOOR`` bytes) is refused (413) as it
+decodes, so a bomb costs memory in proportion to its own compressed size, not to ``limit``.
 """
 
 from __future__ import annotations
@@ -53,18 +55,41 @@ def _corrupt(coding: str, e: Exception) -> InvalidRequest:
                           code="invalid_encoding", param="content-encoding")
 
 
-class _Budget:
-    """Bytes left before the limit; ``take`` refuses past it."""
+#: Most decoded bytes per compressed byte accepted past ``INFLATION_FLOOR``: JSON compresses
+#: about 5-20:1 with gzip and rarely past 100:1 even when repetitive, while a "bomb" inflates
+#: 1000:1 (deflate's own ceiling is ~1032:1, RFC 1951's longest match per 2 bits) and far more
+#: nested. Past this ratio the body is refused (413) before it costs ``limit`` bytes of memory.
+MAX_INFLATION = 1000
+#: Decoded bytes always allowed whatever the ratio (a small body's header overhead).
+INFLATION_FLOOR = 1024 * 1024
 
-    __slots__ = ("left", "limit")
+
+class _Budget:
+    """Decoded bytes left before the limit or the inflation bound (``MAX_INFLATION`` times
+    the compressed bytes fed so far, ``INFLATION_FLOOR`` at least); ``take`` refuses past
+    either with ``BodyTooLarge`` (413)."""
+
+    __slots__ = ("fed_bytes", "left", "limit", "produced")
 
     def __init__(self, limit: int) -> None:
-        self.limit, self.left = limit, limit
+        self.limit, self.left, self.produced, self.fed_bytes = limit, 0, 0, 0
+        self.fed(0)
+
+    def fed(self, n: int) -> None:
+        """``n`` more compressed bytes arrived: the allowance grows with them."""
+        self.fed_bytes += n
+        allowed = min(self.limit, max(INFLATION_FLOOR, MAX_INFLATION * self.fed_bytes))
+        self.left = allowed - self.produced
 
     def take(self, out: bytes) -> bytes:
+        self.produced += len(out)
         self.left -= len(out)
         if self.left < 0:
-            raise _too_large(self.limit)
+            if self.produced > self.limit:
+                raise _too_large(self.limit)
+            raise BodyTooLarge(
+                f"request body inflates more than {MAX_INFLATION}:1 when decoded "
+                f"({self.fed_bytes} compressed bytes gave over {self.produced})")
         return out
 
 
@@ -91,6 +116,7 @@ class ZlibDecoder:
         return data
 
     def feed(self, data: bytes) -> bytes:
+        self.budget.fed(len(data))
         if self.obj is None:
             data = self._start(data)
             if self.obj is None:
@@ -126,11 +152,14 @@ class BrotliDecoder:
         self.obj, self.budget = brotli.Decompressor(), _Budget(limit)
 
     def feed(self, data: bytes) -> bytes:
+        self.budget.fed(len(data))
         obj, parts = self.obj, []
         try:
             out = obj.process(data, output_buffer_limit=min(_PIECE, self.budget.left + 1))
             parts.append(self.budget.take(out))
-            while not obj.can_accept_more_data():  # more output is pending for this input
+            # past the output limit Brotli keeps the rest of the input inside (brotli 1.2:
+            # can_accept_more_data() may already say True): drain until it gives nothing
+            while out and not obj.is_finished():
                 out = obj.process(b"", output_buffer_limit=min(_PIECE, self.budget.left + 1))
                 parts.append(self.budget.take(out))
         except brotli.error as e:
@@ -160,6 +189,7 @@ class ZstdDecoder:
         self.fed = False
 
     def feed(self, data: bytes) -> bytes:
+        self.budget.fed(len(data))
         parts: list[bytes] = []
         view = memoryview(data)
         try:

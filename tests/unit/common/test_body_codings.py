@@ -112,14 +112,42 @@ def list_until(gen, n: int) -> list[bytes]:
     return out
 
 
-def test_gzip_bomb_rss_stays_within_20_mb_of_idle() -> None:
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd"])
+def test_bomb_rss_stays_within_20_mb_of_idle_at_the_default_bound(coding: str) -> None:
     """The measurement of ``loadtests/bench_body_bomb.py`` in a fresh process: peak RSS
-    (``ru_maxrss``, a high-water mark: deterministic) during a 10 GiB gzip bomb against an
-    8 MiB bound grows by the bound at most, not by the bomb."""
+    (``ru_maxrss``, a high-water mark: deterministic) during a 10 GiB bomb against the default
+    64 MiB bound stays within 20 MiB: the inflation bound refuses it long before the size
+    bound would (without it the decoded 64 MiB were held)."""
     out = subprocess.run(
-        [sys.executable, "-m", "loadtests.bench_body_bomb", "--coding", "gzip",
-         "--limit-mib", "8"], capture_output=True, text=True, timeout=120, check=True)
+        [sys.executable, "-m", "loadtests.bench_body_bomb", "--coding", coding,
+         "--limit-mib", "64"], capture_output=True, text=True, timeout=120, check=True)
     got = json.loads(out.stdout)
     assert got["status"] == 413 and got["inflated_total_gib"] == 10
-    assert got["compressed_read_bytes"] <= 8 * MIB
+    assert got["compressed_read_bytes"] <= 64 * 1024
     assert got["rss_delta_mib"] < 20, got
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "zstd"])
+def test_inflation_past_the_ratio_is_413_and_below_it_is_served(coding: str) -> None:
+    """A body inflating past ``MAX_INFLATION``:1 beyond the floor is refused while it
+    decodes; a compressible but ordinary JSON body (repetitive agent history) is served."""
+    from gateway.common.body_codings import INFLATION_FLOOR, MAX_INFLATION
+    bomb = b'{"a": "' + b"0" * (4 * INFLATION_FLOOR) + b'"}'
+    packed = ENCODE[coding](bomb)
+    assert len(bomb) > MAX_INFLATION * len(packed)  # the case is a real bomb
+    with pytest.raises(BodyTooLarge, match="inflates more than"):
+        read([packed], coding, limit=64 * MIB)
+    # a long agent history: the same files and tool results recur, with varied text between
+    words = [b"read", b"gateway/handler.py", b"fix", b"the", b"retry", b"test", b"passed",
+             b"def", b"return", b"import", b"self", b"await", b"error", b"line", b"413"]
+    x, turns = 7, []
+    for i in range(30_000):
+        x = (x * 1103515245 + 12345) % 2**31  # a fixed LCG: the same body on any machine
+        text = b" ".join(words[(x >> k) % len(words)] for k in range(0, 24, 3))
+        turns.append(b'{"role": "user", "content": "%d %s"},' % (i, text))
+    ordinary = b'{"messages": [' + b"".join(turns) + b'{"role": "user", "content": "go"}]}'
+    packed = ENCODE[coding](ordinary)
+    assert len(ordinary) > INFLATION_FLOOR and len(ordinary) < MAX_INFLATION * len(packed)
+    assert read([packed], coding, limit=64 * MIB) == ordinary
+    # in the chunks a server hands over (Brotli keeps undecoded input inside past its limit)
+    assert read(pieces(packed, 65536), coding, limit=64 * MIB) == ordinary
