@@ -200,6 +200,9 @@ class Protocol:
     name: ClassVar[str]  # short name: chat | completion | responses | messages | count_tokens
     path: ClassVar[str]  # the client-facing path, also the engine's path
     upstream_path: ClassVar[str | None] = None  # the engine's path when it differs from path
+    #: the engine's path of a mid-stream continuation (``continuation_body``) when it differs
+    #: from ``upstream_path``/``path`` (Messages: vLLM continues a prefill on chat only)
+    continuation_path: ClassVar[str | None] = None
     operation: ClassVar[str]  # gen_ai.operation.name (OpenTelemetry GenAI conventions)
     count_kind: ClassVar[str] = "chat"  # how ``view`` is counted: chat | completion
     generates: ClassVar[bool] = True  # False: no output, no usage (token counting)

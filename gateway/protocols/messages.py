@@ -42,6 +42,7 @@ from gateway.errors import (
     InvalidRequest,
     UpstreamError,
     UpstreamOverloaded,
+    stream_error,
 )
 from gateway.protocols.base import (
     CONTENT,
@@ -53,6 +54,7 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     Protocol,
+    ResumePoint,
     Rewrite,
     StreamCodec,
     json_object,
@@ -60,6 +62,13 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.body import ParsedBody, splice_model
 from gateway.protocols.errors import ANTHROPIC_ERRORS, ErrorShape
+from gateway.protocols.messages_resume import (
+    CONTINUATION_PATH,
+    MessagesSplice,
+    continuation_body,
+    resume_point,
+)
+from gateway.protocols.openai_chat import is_content as chat_is_content
 
 ANTHROPIC_SERVICE_TIERS: dict[str, str | None] = {"standard_only": "default", "auto": None}
 _ROLES = ("user", "assistant", "system")
@@ -239,9 +248,9 @@ class MessagesStream(StreamCodec):
                 self._merge_usage(message.get("usage"))
                 data = orjson.dumps(doc)
             return FRAME, named_event(kind, data)
-        if kind == "message_delta":
+        if kind == "message_delta":  # content: a resume must know the stop was relayed
             self._merge_usage(doc.get("usage"))
-            return FRAME, named_event(kind, data)
+            return CONTENT, named_event(kind, data)
         if kind == "message_stop":
             return DONE, named_event(kind, data)
         if kind == "error":
@@ -255,6 +264,9 @@ class MessagesStream(StreamCodec):
 
     def error_event(self, err: GatewayError) -> bytes:
         return ANTHROPIC_ERRORS.event(err, 0)
+
+    def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
+        return MessagesSplice(point, carried)
 
 
 def _engine_error(doc: dict[str, Any]) -> GatewayError:
@@ -296,6 +308,7 @@ class MessagesProtocol(Protocol):
     path = "/v1/messages"
     operation = "chat"
     keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's own keep-alive
+    continuation_path = CONTINUATION_PATH  # vLLM continues a prefill on chat only
     errors: ErrorShape = ANTHROPIC_ERRORS
 
     def span_attributes(self) -> dict[str, str]:
@@ -318,10 +331,16 @@ class MessagesProtocol(Protocol):
         return spliced if spliced is not None else orjson.dumps({**body.doc, "model": served_model})
 
     def head_kind(self, ev: SSEEvent) -> tuple[int, GatewayError | None]:
+        if ev.is_done:  # a continuation's chat stream (``messages_resume``)
+            return HEAD_CONTENT, None
         doc = json_object(ev.data or b"")
         if doc is None:
             return HEAD_MALFORMED, None
         kind = doc.get("type")
+        if kind is None and ("choices" in doc or "error" in doc):  # a continuation's chunk
+            if "error" in doc and not doc.get("choices"):
+                return HEAD_ERROR, stream_error(doc)
+            return (HEAD_CONTENT if chat_is_content(doc) else HEAD_FRAME), None
         if kind == "error":
             return HEAD_ERROR, _engine_error(doc)
         if kind in ("message_start", "ping"):
@@ -334,6 +353,15 @@ class MessagesProtocol(Protocol):
 
     def codec(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec:
         return MessagesStream(rewrite)
+
+    def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
+        return resume_point(body, relayed)
+
+    def continuation_body(
+        self, body: ParsedBody, served_model: str, point: ResumePoint,
+        priority: int | None = None,
+    ) -> bytes:
+        return continuation_body(body, served_model, point, priority)
 
     def is_ping(self, ev: SSEEvent) -> bool:
         if ev.event is not None:
