@@ -331,8 +331,6 @@ class MessagesProtocol(Protocol):
         return spliced if spliced is not None else orjson.dumps({**body.doc, "model": served_model})
 
     def head_kind(self, ev: SSEEvent) -> tuple[int, GatewayError | None]:
-        if ev.is_done:  # a continuation's chat stream (``messages_resume``)
-            return HEAD_CONTENT, None
         doc = json_object(ev.data or b"")
         if doc is None:
             return HEAD_MALFORMED, None

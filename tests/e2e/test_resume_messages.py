@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import pytest
 
 from tests.e2e.helpers import metric, wait_for
+from tests.e2e.protocol_helpers import MESSAGES, parse_events
 from tests.e2e.stack import MODEL, Stack, resume_stack
 
 pytestmark = pytest.mark.e2e
@@ -82,11 +84,21 @@ def test_text_break_is_resumed_as_one_message(client: anthropic.Anthropic,
     assert used.input_tokens > unbroken.input_tokens
 
 
-def test_break_inside_tool_use_is_an_in_band_error(client: anthropic.Anthropic,
-                                                   stack: Stack) -> None:
-    """A reset inside a tool call's input: not continued, one in-band error event."""
+def test_break_inside_tool_use_is_an_in_band_error(stack: Stack) -> None:
+    """A reset inside a tool call's input: not continued (rule ``tool-call``), the stream ends
+    with one in-band error event after the tool block's start and no second message."""
     before = metric(stack, "speedgate_resumes_total", outcome="refused")
-    with pytest.raises(anthropic.APIStatusError):
-        stream(client, {"tool_call_after_chunks": 2, "tool_args_chunks": 8,
-                        "reset_after_chunks": 5})
+    body = {"model": f"{MODEL}-fast", "max_tokens": 200, "stream": True,
+            "messages": [{"role": "user", "content": "go"}],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            "sim_faults": {"chunks": CHUNKS, "chunk_interval_s": 0.01,
+                           "tool_call_after_chunks": 2, "reset_after_chunks": 5}}
+    r = httpx.post(stack.base_url + MESSAGES.path, json=body, timeout=30)
+    assert r.status_code == 200
+    events = parse_events(r.content)
+    kinds = [doc.get("type") for _, doc in events]
+    assert kinds.count("message_start") == 1 and kinds[-1] == "error", kinds
+    assert "tool_use" in [(doc.get("content_block") or {}).get("type") for _, doc in events]
+    assert "message_stop" not in kinds
     assert metric(stack, "speedgate_resumes_total", outcome="refused") == before + 1
+    assert "not resumed: tool-call" in stack.log_path.read_text()
