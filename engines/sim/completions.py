@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from engines.sim.agent import script_turn
 from engines.sim.apis import CHAT, COMPLETION, MESSAGES, RESPONSES, Api
 from engines.sim.engine import Job
 from engines.sim.faults import Faults
@@ -143,7 +144,9 @@ async def handle(request: web.Request, api: Api) -> web.StreamResponse:
         if not state.ready:
             return error_response(state, faults, 503, "The engine is still loading.", api=api)
         try:
-            prompts, plans = await _prepare(state, api.to_chat(body), faults, chat)
+            chat_body = api.to_chat(body)
+            prompts, plans = await _prepare(state, chat_body, faults, chat)
+            faults = _turn_faults(faults, chat_body) if chat else faults
         except RequestError as e:
             shape = CHAT if isinstance(e, SchemaError) else api
             return error_response(state, faults, e.status, e.message, param=e.param,
@@ -212,6 +215,17 @@ def _priority(state: SimState, body: dict[str, Any]) -> int:
             400, f"Got priority {priority} but Priority scheduling is not enabled.", "priority"
         )
     return priority
+
+
+def _turn_faults(faults: Faults, body: dict[str, Any]) -> Faults:
+    """``faults`` with the scripted turn's own ``reset_after_chunks`` (``ScriptTurn``) when
+    this request answers such a turn and does not continue one."""
+    if body.get("continue_final_message"):
+        return faults
+    turn = script_turn(faults.script, body)
+    if turn is None or turn.reset_after_chunks is None:
+        return faults
+    return faults.model_copy(update={"reset_after_chunks": turn.reset_after_chunks})
 
 
 async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: bool

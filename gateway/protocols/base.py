@@ -173,6 +173,12 @@ class StreamCodec:
         summed into it). Only for protocols whose ``resume_point`` can return no blocker."""
         raise NotImplementedError
 
+    def resume_blocker(self, point: ResumePoint) -> str | None:
+        """Why this stream cannot be continued at ``point`` as far as the framing events this
+        codec relayed say (those are not in ``relayed``: Messages' block starts and stops,
+        ``message_delta``); None (the default): nothing against it."""
+        return None
+
     def ending(self, usage: Usage | None, relayed: list[bytes]) -> bytes | None:
         """The events that end this stream for the client after the engine broke it once
         every choice had finished (``ResumePoint.complete``; ``relayed``: the engine payloads

@@ -219,12 +219,14 @@ def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
 class MessagesStream(StreamCodec):
     """One Anthropic Messages stream (module docstring)."""
 
-    __slots__ = ("_usage", "rewrite")
+    __slots__ = ("_open", "_stopped", "_usage", "rewrite")
 
     def __init__(self, rewrite: Rewrite) -> None:
         super().__init__()
         self.rewrite = rewrite
         self._usage: dict[str, int] = {}
+        self._open: object = None  # index of the text block open for the client, if any
+        self._stopped = False  # message_delta relayed: the stop reason reached the client
 
     def _merge_usage(self, u: Any) -> None:
         if isinstance(u, dict):
@@ -248,9 +250,10 @@ class MessagesStream(StreamCodec):
                 self._merge_usage(message.get("usage"))
                 data = orjson.dumps(doc)
             return FRAME, named_event(kind, data)
-        if kind == "message_delta":  # content: a resume must know the stop was relayed
+        if kind == "message_delta":
             self._merge_usage(doc.get("usage"))
-            return CONTENT, named_event(kind, data)
+            self._open, self._stopped = None, True
+            return FRAME, named_event(kind, data)
         if kind == "message_stop":
             return DONE, named_event(kind, data)
         if kind == "error":
@@ -258,8 +261,12 @@ class MessagesStream(StreamCodec):
             return ERROR, self.error_event(self.error)
         if kind == "content_block_start":
             block = doc.get("content_block")
+            text = isinstance(block, dict) and block.get("type") == "text"
+            self._open = doc.get("index") if text else None
             if isinstance(block, dict) and block.get("type") not in ("text", "thinking"):
                 return CONTENT, named_event(kind, data)
+        elif kind == "content_block_stop":
+            self._open = None
         return FRAME, named_event(kind, data)
 
     def error_event(self, err: GatewayError) -> bytes:
@@ -267,6 +274,17 @@ class MessagesStream(StreamCodec):
 
     def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
         return MessagesSplice(point, carried)
+
+    def resume_blocker(self, point: ResumePoint) -> str | None:
+        """``finished`` once ``message_delta`` was relayed; ``block-closed`` unless the text
+        block the point continues (``point.id``) is still open for the client (it saw its
+        ``content_block_stop``, or another block's start): the framing events are not in
+        ``relayed``, this codec saw them."""
+        if self._stopped:
+            return "finished"
+        if self._open is None or str(self._open) != point.id:
+            return "block-closed"
+        return None
 
 
 def _engine_error(doc: dict[str, Any]) -> GatewayError:

@@ -18,7 +18,8 @@ Messages events: ``text_delta`` on the block the break cut, then one ``content_b
 Resumable: the break came inside a text block (thinking blocks before it are carried as
 reasoning). Blockers: ``tool-call`` (a ``tool_use`` block had started: its partial JSON input
 cannot be continued exactly), ``thinking`` (the break cut a thinking block: its signature is the
-engine's and a continuation cannot extend it), ``finished`` (``message_delta`` was relayed).
+engine's and a continuation cannot extend it), ``finished`` (``message_delta`` was relayed),
+``block-closed`` (the text block was closed for the client).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool
 
 def resume_point(body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
     """What the client got of a broken Messages stream (``relayed``: its content payloads:
-    ``content_block_delta``, non-text ``content_block_start``, ``message_delta``): ``text``
+    ``content_block_delta``, non-text ``content_block_start``; the framing events are the
+    codec's to judge, ``MessagesStream.resume_blocker``): ``text``
     of the text block the break cut, ``reasoning`` the thinking before it, ``id`` the index
     of that block (as a string: the splice's block), and the blocker (module docstring)."""
     point = ResumePoint()
@@ -68,9 +70,6 @@ def resume_point(body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
         if not isinstance(doc, dict):
             continue
         kind = doc.get("type")
-        if kind == "message_delta":
-            point.blocker, point.complete = "finished", True
-            continue
         index = doc.get("index")
         if type(index) is not int:
             continue

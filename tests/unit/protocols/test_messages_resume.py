@@ -53,10 +53,22 @@ def test_resume_point_blockers() -> None:
                                          partial_json="{")]).blocker == "tool-call"
     assert P.resume_point(body(), [delta(0, type="thinking_delta",
                                          thinking="x")]).blocker == "thinking"
-    done = orjson.dumps({"type": "message_delta", "delta": {"stop_reason": "end_turn"}})
-    point = P.resume_point(body(), [text(0, "a"), done])
-    assert point.blocker == "finished" and point.complete
     assert P.resume_point(body(), []).blocker == "protocol"
+
+
+def test_codec_blocks_a_resume_once_the_block_closed_or_the_stop_was_relayed() -> None:
+    def frame(kind: str, **doc: object) -> SSEEvent:
+        return SSEEvent(orjson.dumps({"type": kind, **doc}), kind.encode())
+
+    codec = P.codec(body(), None)  # type: ignore[arg-type]
+    codec.event(frame("content_block_start", index=0, content_block={"type": "text", "text": ""}))
+    codec.event(SSEEvent(text(0, "a b")))
+    point = P.resume_point(body(), [text(0, "a b")])
+    assert codec.resume_blocker(point) is None
+    codec.event(frame("content_block_stop", index=0))
+    assert codec.resume_blocker(point) == "block-closed"
+    codec.event(frame("message_delta", delta={"stop_reason": "end_turn"}, usage={}))
+    assert codec.resume_blocker(point) == "finished"
 
 
 def test_continuation_body_is_vllms_chat_conversion_continuing_the_text() -> None:
