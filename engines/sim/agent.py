@@ -39,7 +39,8 @@ class ScriptTurn(BaseModel):
     """One scripted model turn: ``text`` (the answer, or the text before the call), ``tool`` +
     ``arguments`` (a call of that tool; ``arguments`` an object or its JSON text);
     ``reset_after_chunks``: the replica aborts the connection after that many content events
-    of this turn (the fault of that name, for this turn only; not for a continuation of it,
+    of this turn's answer, its reasoning not counted (the fault of that name, for this turn
+    only; not for a continuation of it,
     ``continue_final_message``), so a test can break one turn of an agent's run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

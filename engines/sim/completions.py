@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from engines.sim.agent import script_turn
+from engines.sim.agent import REASONING_TOKENS, script_turn, wants_reasoning
 from engines.sim.apis import CHAT, COMPLETION, MESSAGES, RESPONSES, Api
 from engines.sim.engine import Job
 from engines.sim.faults import Faults
@@ -218,14 +218,16 @@ def _priority(state: SimState, body: dict[str, Any]) -> int:
 
 
 def _turn_faults(faults: Faults, body: dict[str, Any]) -> Faults:
-    """``faults`` with the scripted turn's own ``reset_after_chunks`` (``ScriptTurn``) when
-    this request answers such a turn and does not continue one."""
+    """``faults`` with the scripted turn's own ``reset_after_chunks`` (``ScriptTurn``: counted
+    in the turn's answer, after the ``REASONING_TOKENS`` reasoning events of a request that
+    asks for reasoning) when this request answers such a turn and does not continue one."""
     if body.get("continue_final_message"):
         return faults
     turn = script_turn(faults.script, body)
     if turn is None or turn.reset_after_chunks is None:
         return faults
-    return faults.model_copy(update={"reset_after_chunks": turn.reset_after_chunks})
+    after = turn.reset_after_chunks + (REASONING_TOKENS if wants_reasoning(body) else 0)
+    return faults.model_copy(update={"reset_after_chunks": after})
 
 
 async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: bool
