@@ -201,7 +201,9 @@ def continuation_body(
 
 class MessagesSplice(StreamCodec):
     """Codec of a chat-completions continuation spliced into a Messages stream: each
-    ``delta.content`` becomes a ``text_delta`` on the cut block (index ``int(point.id)``), the
+    ``delta.content`` becomes a ``text_delta`` on the cut block (index ``int(point.id)``; the
+    event's payload is replaced by it, so ``relayed`` holds Messages events only and a later
+    break is read as the first one), the
     healed tail the client already has dropped (``diverged`` when the output starts otherwise:
     the relay continues again, carrying the whole text); the finish becomes one
     ``content_block_stop``, ``message_delta`` (``stop_reason`` as vLLM maps it, usage the sum of
@@ -268,6 +270,7 @@ class MessagesSplice(StreamCodec):
             return SKIP, b""
         data = orjson.dumps({"type": "content_block_delta", "index": self.index,
                              "delta": {"type": "text_delta", "text": text}})
+        ev.data = data  # what the client gets: ``relayed`` keeps it (a later resume reads it)
         return CONTENT, named_event("content_block_delta", data)
 
     def _ending(self) -> bytes:

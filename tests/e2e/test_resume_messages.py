@@ -84,6 +84,17 @@ def test_text_break_is_resumed_as_one_message(client: anthropic.Anthropic,
     assert used.input_tokens > unbroken.input_tokens
 
 
+def test_two_breaks_are_resumed_twice(client: anthropic.Anthropic, stack: Stack) -> None:
+    """A reset every 4 events: the first attempt and the first continuation both break, the
+    second continuation finishes; the client still sees one message with the whole text."""
+    before = metric(stack, "speedgate_resumes_total", outcome="resumed")
+    out = stream(client, {"reset_after_chunks": 4})
+    assert out["text"] == FULL == "".join(b.text for b in out["final"].content)
+    assert out["kinds"].count("message_start") == 1 and out["kinds"].count("message_stop") == 1
+    assert set(out["indices"]) == {0}
+    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == before + 2
+
+
 def test_break_inside_tool_use_is_an_in_band_error(stack: Stack) -> None:
     """A reset inside a tool call's input: not continued (rule ``tool-call``), the stream ends
     with one in-band error event after the tool block's start and no second message."""

@@ -108,8 +108,12 @@ def test_splice_heals_continues_the_block_and_sums_usage() -> None:
     codec = P.codec(body(), None).continuation(point, [3])  # type: ignore[arg-type]
     assert codec.event(chunk("", role="assistant"))[0] == SKIP
     assert codec.event(chunk(" wo"))[0] == SKIP
-    verdict, out = codec.event(chunk("rld!"))
+    ev = chunk("rld!")
+    verdict, out = codec.event(ev)
     assert verdict == CONTENT
+    # relayed keeps what the client got: a second break reads the whole block's text
+    again = P.resume_point(body(), [text(1, "Hello wor"), ev.data])  # type: ignore[list-item]
+    assert (again.text, again.id, again.blocker) == ("Hello world!", "1", None)
     assert out.startswith(b"event: content_block_delta\n")
     data = orjson.loads(out.split(b"data: ", 1)[1])
     assert data == {"type": "content_block_delta", "index": 1,
