@@ -18,7 +18,8 @@ Messages events: ``text_delta`` on the block the break cut, then one ``content_b
 Resumable: the break came inside a text block (thinking blocks before it are carried as
 reasoning). Blockers: ``tool-call`` (a ``tool_use`` block had started: its partial JSON input
 cannot be continued exactly), ``thinking`` (the break cut a thinking block: its signature is the
-engine's and a continuation cannot extend it), ``finished`` (``message_delta`` was relayed),
+engine's and a continuation cannot extend it), ``structured-output`` (``output_config.format``:
+the engine's grammar would start again), ``finished`` (``message_delta`` was relayed),
 ``block-closed`` (the text block was closed for the client).
 """
 
@@ -93,6 +94,9 @@ def resume_point(body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
         else:
             kinds[index] = "tool"
             point.blocker = point.blocker or "tool-call"
+    config = body.doc.get("output_config")
+    if isinstance(config, dict) and config.get("format") is not None:
+        point.blocker = "structured-output"  # vLLM's grammar would restart (openai_resume)
     if point.blocker is None:
         if last < 0 or kinds.get(last) != "text":
             point.blocker = "thinking" if kinds.get(last) == "thinking" else "protocol"
@@ -194,6 +198,8 @@ def continuation_body(
     thinking = doc.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "enabled":
         out["thinking_token_budget"] = thinking.get("budget_tokens")
+    elif isinstance(thinking, dict) and thinking.get("type") == "disabled":
+        out["reasoning_effort"] = "none"  # vLLM's default ``disabled_thinking_effort``
     if priority is not None:
         out["priority"] = int(priority)
     return orjson.dumps(out)

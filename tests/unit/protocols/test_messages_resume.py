@@ -54,6 +54,8 @@ def test_resume_point_blockers() -> None:
     assert P.resume_point(body(), [delta(0, type="thinking_delta",
                                          thinking="x")]).blocker == "thinking"
     assert P.resume_point(body(), []).blocker == "protocol"
+    fmt = body(output_config={"format": {"type": "json_schema", "schema": {}}})
+    assert P.resume_point(fmt, [text(0, "{")]).blocker == "structured-output"
 
 
 def test_codec_blocks_a_resume_once_the_block_closed_or_the_stop_was_relayed() -> None:
