@@ -37,13 +37,20 @@ REASONING_TOKENS = 12  # reasoning tokens before the answer when a request asks 
 
 class ScriptTurn(BaseModel):
     """One scripted model turn: ``text`` (the answer, or the text before the call), ``tool`` +
-    ``arguments`` (a call of that tool; ``arguments`` an object or its JSON text)."""
+    ``arguments`` (a call of that tool; ``arguments`` an object or its JSON text);
+    ``reset_after_chunks``: the replica aborts the connection after that many content events
+    of this turn's answer, its reasoning not counted (the fault of that name, for this turn
+    only; not for a continuation of it,
+    ``continue_final_message``), so a test can break one turn of an agent's run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     text: str | None = Field(None, description="answer text (before the call when tool is set)")
     tool: str | None = Field(None, description="name of the tool to call")
     arguments: dict[str, Any] | str | None = Field(None, description="the call's arguments")
+    reset_after_chunks: int | None = Field(
+        None, ge=0, description="abort TCP after N content events of this turn (not of its "
+        "continuation)")
 
     def arguments_json(self) -> str:
         """The call's arguments as JSON text (``{}`` when unset)."""

@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from engines.sim.agent import REASONING_TOKENS, script_turn, wants_reasoning
 from engines.sim.apis import CHAT, COMPLETION, MESSAGES, RESPONSES, Api
 from engines.sim.engine import Job
 from engines.sim.faults import Faults
@@ -143,7 +144,9 @@ async def handle(request: web.Request, api: Api) -> web.StreamResponse:
         if not state.ready:
             return error_response(state, faults, 503, "The engine is still loading.", api=api)
         try:
-            prompts, plans = await _prepare(state, api.to_chat(body), faults, chat)
+            chat_body = api.to_chat(body)
+            prompts, plans = await _prepare(state, chat_body, faults, chat)
+            faults = _turn_faults(faults, chat_body) if chat else faults
         except RequestError as e:
             shape = CHAT if isinstance(e, SchemaError) else api
             return error_response(state, faults, e.status, e.message, param=e.param,
@@ -212,6 +215,19 @@ def _priority(state: SimState, body: dict[str, Any]) -> int:
             400, f"Got priority {priority} but Priority scheduling is not enabled.", "priority"
         )
     return priority
+
+
+def _turn_faults(faults: Faults, body: dict[str, Any]) -> Faults:
+    """``faults`` with the scripted turn's own ``reset_after_chunks`` (``ScriptTurn``: counted
+    in the turn's answer, after the ``REASONING_TOKENS`` reasoning events of a request that
+    asks for reasoning) when this request answers such a turn and does not continue one."""
+    if body.get("continue_final_message"):
+        return faults
+    turn = script_turn(faults.script, body)
+    if turn is None or turn.reset_after_chunks is None:
+        return faults
+    after = turn.reset_after_chunks + (REASONING_TOKENS if wants_reasoning(body) else 0)
+    return faults.model_copy(update={"reset_after_chunks": after})
 
 
 async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: bool

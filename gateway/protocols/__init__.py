@@ -33,5 +33,7 @@ Public surface:
 - ``responses_items``: Responses input items → chat-shaped conversation, output text;
 - ``messages``: ``MessagesProtocol`` (Anthropic ``/v1/messages``) and
   ``CountTokensProtocol`` (``/v1/messages/count_tokens``);
+- ``messages_resume``: mid-stream resume of a Messages stream (``resume_point``, the
+  chat-completions ``continuation_body``, the ``MessagesSplice`` codec);
 - ``registry``: ``build_protocols`` (path → protocol for the app).
 """

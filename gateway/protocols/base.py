@@ -113,7 +113,9 @@ class ResumePoint:
     ``tool-call`` (a tool call had started: its arguments cannot be continued), ``finished``
     (a finish reason was relayed), ``echo``, ``prompt`` (not a single text prompt),
     ``structured-output`` (a JSON schema, regex, choice or grammar constrains the output: the
-    engine's grammar would start again at the continuation, so the whole would not match).
+    engine's grammar would start again at the continuation, so the whole would not match);
+    Messages adds ``thinking`` (the break cut a thinking block) and ``block-closed`` (the cut
+    text block was already closed for the client, ``StreamCodec.resume_blocker``).
     ``complete``: a finish reason was relayed for every one of the request's choices (the
     engine ended the generation; only its usage report and end marker can be missing).
     ``heal``: the end of the relayed ``heal_field`` text (``content`` or ``reasoning``) left out
@@ -173,6 +175,12 @@ class StreamCodec:
         summed into it). Only for protocols whose ``resume_point`` can return no blocker."""
         raise NotImplementedError
 
+    def resume_blocker(self, point: ResumePoint) -> str | None:
+        """Why this stream cannot be continued at ``point`` as far as the framing events this
+        codec relayed say (those are not in ``relayed``: Messages' block starts and stops,
+        ``message_delta``); None (the default): nothing against it."""
+        return None
+
     def ending(self, usage: Usage | None, relayed: list[bytes]) -> bytes | None:
         """The events that end this stream for the client after the engine broke it once
         every choice had finished (``ResumePoint.complete``; ``relayed``: the engine payloads
@@ -200,6 +208,9 @@ class Protocol:
     name: ClassVar[str]  # short name: chat | completion | responses | messages | count_tokens
     path: ClassVar[str]  # the client-facing path, also the engine's path
     upstream_path: ClassVar[str | None] = None  # the engine's path when it differs from path
+    #: the engine's path of a mid-stream continuation (``continuation_body``) when it differs
+    #: from ``upstream_path``/``path`` (Messages: vLLM continues a prefill on chat only)
+    continuation_path: ClassVar[str | None] = None
     operation: ClassVar[str]  # gen_ai.operation.name (OpenTelemetry GenAI conventions)
     count_kind: ClassVar[str] = "chat"  # how ``view`` is counted: chat | completion
     generates: ClassVar[bool] = True  # False: no output, no usage (token counting)

@@ -42,6 +42,7 @@ from gateway.errors import (
     InvalidRequest,
     UpstreamError,
     UpstreamOverloaded,
+    stream_error,
 )
 from gateway.protocols.base import (
     CONTENT,
@@ -53,6 +54,7 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     Protocol,
+    ResumePoint,
     Rewrite,
     StreamCodec,
     json_object,
@@ -60,6 +62,13 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.body import ParsedBody, splice_model
 from gateway.protocols.errors import ANTHROPIC_ERRORS, ErrorShape
+from gateway.protocols.messages_resume import (
+    CONTINUATION_PATH,
+    MessagesSplice,
+    continuation_body,
+    resume_point,
+)
+from gateway.protocols.openai_chat import is_content as chat_is_content
 
 ANTHROPIC_SERVICE_TIERS: dict[str, str | None] = {"standard_only": "default", "auto": None}
 _ROLES = ("user", "assistant", "system")
@@ -210,12 +219,14 @@ def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
 class MessagesStream(StreamCodec):
     """One Anthropic Messages stream (module docstring)."""
 
-    __slots__ = ("_usage", "rewrite")
+    __slots__ = ("_open", "_stopped", "_usage", "rewrite")
 
     def __init__(self, rewrite: Rewrite) -> None:
         super().__init__()
         self.rewrite = rewrite
         self._usage: dict[str, int] = {}
+        self._open: object = None  # index of the text block open for the client, if any
+        self._stopped = False  # message_delta relayed: the stop reason reached the client
 
     def _merge_usage(self, u: Any) -> None:
         if isinstance(u, dict):
@@ -241,6 +252,7 @@ class MessagesStream(StreamCodec):
             return FRAME, named_event(kind, data)
         if kind == "message_delta":
             self._merge_usage(doc.get("usage"))
+            self._open, self._stopped = None, True
             return FRAME, named_event(kind, data)
         if kind == "message_stop":
             return DONE, named_event(kind, data)
@@ -249,12 +261,30 @@ class MessagesStream(StreamCodec):
             return ERROR, self.error_event(self.error)
         if kind == "content_block_start":
             block = doc.get("content_block")
+            text = isinstance(block, dict) and block.get("type") == "text"
+            self._open = doc.get("index") if text else None
             if isinstance(block, dict) and block.get("type") not in ("text", "thinking"):
                 return CONTENT, named_event(kind, data)
+        elif kind == "content_block_stop":
+            self._open = None
         return FRAME, named_event(kind, data)
 
     def error_event(self, err: GatewayError) -> bytes:
         return ANTHROPIC_ERRORS.event(err, 0)
+
+    def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
+        return MessagesSplice(point, carried)
+
+    def resume_blocker(self, point: ResumePoint) -> str | None:
+        """``finished`` once ``message_delta`` was relayed; ``block-closed`` unless the text
+        block the point continues (``point.id``) is still open for the client (it saw its
+        ``content_block_stop``, or another block's start): the framing events are not in
+        ``relayed``, this codec saw them."""
+        if self._stopped:
+            return "finished"
+        if self._open is None or str(self._open) != point.id:
+            return "block-closed"
+        return None
 
 
 def _engine_error(doc: dict[str, Any]) -> GatewayError:
@@ -296,6 +326,7 @@ class MessagesProtocol(Protocol):
     path = "/v1/messages"
     operation = "chat"
     keepalive = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's own keep-alive
+    continuation_path = CONTINUATION_PATH  # vLLM continues a prefill on chat only
     errors: ErrorShape = ANTHROPIC_ERRORS
 
     def span_attributes(self) -> dict[str, str]:
@@ -322,6 +353,10 @@ class MessagesProtocol(Protocol):
         if doc is None:
             return HEAD_MALFORMED, None
         kind = doc.get("type")
+        if kind is None and ("choices" in doc or "error" in doc):  # a continuation's chunk
+            if "error" in doc and not doc.get("choices"):
+                return HEAD_ERROR, stream_error(doc)
+            return (HEAD_CONTENT if chat_is_content(doc) else HEAD_FRAME), None
         if kind == "error":
             return HEAD_ERROR, _engine_error(doc)
         if kind in ("message_start", "ping"):
@@ -334,6 +369,15 @@ class MessagesProtocol(Protocol):
 
     def codec(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec:
         return MessagesStream(rewrite)
+
+    def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
+        return resume_point(body, relayed)
+
+    def continuation_body(
+        self, body: ParsedBody, served_model: str, point: ResumePoint,
+        priority: int | None = None,
+    ) -> bytes:
+        return continuation_body(body, served_model, point, priority)
 
     def is_ping(self, ev: SSEEvent) -> bool:
         if ev.event is not None:

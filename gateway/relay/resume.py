@@ -94,6 +94,8 @@ async def relay_resumable(
         entry: dict[str, Any] = {"reason": reason, "from_tier": att.pool.tier}
         rec.resumes.append(entry)
         point = protocol.resume_point(body, relayed)
+        if point.blocker is None:
+            point.blocker = current.resume_blocker(point)
         if diverged or no_heal:  # carry the whole text from now on
             point.heal, no_heal = "", True
         if point.complete:  # every choice finished: only the usage and end marker lost

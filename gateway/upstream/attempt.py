@@ -91,6 +91,7 @@ class Attempt:
     #: first content event: a committed stream relays it (``gateway.relay.keepalive``)
     heartbeat: Callable[[], None] | None = None
     kv_tokens: int = 0  # the request's prompt + output cap (routing.fit), 0 = not counted
+    path: str | None = None  # the engine's path when not the protocol's (a continuation's)
 
     @property
     def stall_s(self) -> float:
@@ -154,7 +155,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     }
     if attempt.extra_headers:
         headers.update(attempt.extra_headers)
-    url = attempt.replica.url + (attempt.protocol.upstream_path or attempt.protocol.path)
+    url = attempt.replica.url + (attempt.path or attempt.protocol.upstream_path
+                                 or attempt.protocol.path)
     attempt.replica.inflight += 1
     attempt.replica.inflight_kv_tokens += attempt.kv_tokens
     resp: UpstreamResponse | None = None

@@ -129,7 +129,8 @@ async def _try_pool(
                              model=served, number=rec.attempts, retry_reason="resume")
         attempt = Attempt(pool=pool, replica=replica, payload=payload, protocol=protocol,
                           request_id=rec.request_id, stream=True, deadline=res.deadline,
-                          total_s=res.total_s, extra_headers=span.headers(), read_s=res.read_s)
+                          total_s=res.total_s, extra_headers=span.headers(), read_s=res.read_s,
+                          path=protocol.continuation_path)
         try:
             opened = await open_attempt(state.upstream, attempt)
         except RetryableFailure as f:

@@ -35,12 +35,14 @@ TURNS = 4  # requests of the scripted task: write, run, read, answer
 
 def _run(agent: str, agents: Agents, stack: Stack, tmp: Path, model: str,
          faults: dict[str, Any] | None = None, kill_turn: int | None = None,
-         script_task: bool = True) -> tuple[AgentRun, list[dict[str, Any]], Path, str | None]:
+         script_task: bool = True, script: list[dict[str, Any]] | None = None,
+         ) -> tuple[AgentRun, list[dict[str, Any]], Path, str | None]:
     scratch, home = tmp / "scratch", tmp / "home"
     scratch.mkdir()
     home.mkdir()
     stack.reset_sims()
-    script = claude_script(scratch) if agent == "claude" else codex_script()
+    if script is None:
+        script = claude_script(scratch) if agent == "claude" else codex_script()
     set_replica_faults(stack, {"script": script, **(faults or {})} if script_task else {})
     since = len(access_lines(stack))
     runner = run_claude if agent == "claude" else run_codex
@@ -122,6 +124,23 @@ def test_replica_killed_mid_turn(agent: str, agents: Agents, stack: Stack,
     finally:
         if killed is not None:
             stack.restart_sim(killed)
+
+
+def test_replica_reset_mid_answer_resumes_claude(agents: Agents, stack: Stack,
+                                                tmp_path: Path) -> None:
+    """The replica serving Claude Code's final turn aborts its connection after the answer's
+    first 3 text deltas reached the agent (the script's ``reset_after_chunks`` on that turn):
+    the gateway continues the text on the other replica (mid-stream resume), the agent exits
+    0 with the whole answer and never sees an error."""
+    scratch = tmp_path / "scratch"
+    script = claude_script(scratch)
+    script[-1] = {**script[-1], "reset_after_chunks": 3}
+    run, lines, scratch, _ = _run("claude", agents, stack, tmp_path, MODEL, script=script)
+    check_task(run, scratch)
+    assert len(lines) == TURNS and all(e["status"] == "200" for e in lines), lines
+    last = lines[-1]
+    assert last["resumes"] == "1" and int(last["attempts"]) == 2, last
+    assert last["outcome"] == "ok" and last["replica"] != lines[-2]["replica"]
 
 
 def test_unscripted_codex_run_ends(agents: Agents, stack: Stack, tmp_path: Path) -> None:

@@ -252,3 +252,37 @@ def test_messages_accept_claude_codes_system_entries(sim: SimProcess) -> None:
     assert r.status_code == 200, r.text
     assert httpx.post(sim.url + "/v1/messages", json={**body, "messages": [
         {"role": "robot", "content": "x"}]}).status_code == 400
+
+
+def _content_before_reset(sim: SimProcess, body: dict) -> tuple[list[str], bool]:
+    """``(content deltas, finished)`` of a chat stream: finished False when the replica
+    aborted the connection before ``[DONE]``."""
+    out: list[str] = []
+    try:
+        with httpx.stream("POST", sim.url + "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    return [t for t in out if t], True
+                if line.startswith("data: "):
+                    for c in json.loads(line[6:])["choices"]:
+                        out.append(c["delta"].get("content") or "")
+    except httpx.HTTPError:
+        pass
+    return [t for t in out if t], False
+
+
+def test_a_scripted_turns_own_reset_breaks_that_turn_only(sim: SimProcess) -> None:
+    """``reset_after_chunks`` on a script turn aborts that turn after N answer deltas (the
+    reasoning before them not counted), never its continuation."""
+    script = {"script": [{"text": "one two three four five", "reset_after_chunks": 2}]}
+    httpx.post(sim.url + "/sim/faults", json=script).raise_for_status()
+    body = {"model": "m", "stream": True, "tools": TOOLS, "max_tokens": 50,
+            "messages": [{"role": "user", "content": "go"}]}
+    got, done = _content_before_reset(sim, body)
+    assert (got, done) == (["one", " two"], False)
+    got, done = _content_before_reset(sim, {**body, "reasoning_effort": "low"})
+    assert (got, done) == (["one", " two"], False)  # after its 12 reasoning deltas
+    cont = {**body, "continue_final_message": True, "add_generation_prompt": False,
+            "messages": [*body["messages"], {"role": "assistant", "content": "one two"}]}
+    got, done = _content_before_reset(sim, cont)
+    assert done and "".join(got) == " three four five"
