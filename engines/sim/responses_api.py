@@ -6,10 +6,11 @@ Shapes from vLLM 0.32 ``entrypoints/openai/responses/`` (``serving.py``, ``proto
 
 - the request is rendered as a chat (``instructions`` as the system message, message items by
   role, ``function_call`` / ``function_call_output`` items as tool calls and results, function
-  tools as chat tools); the response id is the body's ``request_id`` (vLLM's extra field) or
-  ``resp_`` + 16 hex; ``store`` is silently treated as false; ``previous_response_id`` is 404
-  (``Response with id '<id>' not found.``) as nothing is stored; ``background`` with ``store``
-  is 400;
+  tools as chat tools; ``reasoning`` items accepted and not rendered; an item of any other
+  type is 400 ``input.<i>.type``); the response id is the body's ``request_id`` (vLLM's
+  extra field) or ``resp_`` + 16 hex; ``store`` is silently treated as false;
+  ``previous_response_id`` is 404 (``Response with id '<id>' not found.``) as nothing is
+  stored; ``background`` with ``store`` is 400;
 - ``reasoning`` asks for reasoning (a ``reasoning`` item first: ``reasoning_part.added``,
   ``reasoning_text.delta``/``.done``, ``reasoning_part.done``; ``encrypted_content`` set when
   ``include`` has ``reasoning.encrypted_content``); ``text.format`` ``json_schema`` /
@@ -49,6 +50,11 @@ from engines.sim.responder import (
 Deliveries = AsyncIterator[list[tuple[int, int, bool]]]
 
 
+#: Input item types rendered (``reasoning`` items are accepted and left out of the prompt);
+#: any other type is a 400 naming ``input.<i>.type``, as vLLM's pydantic union refuses it.
+_INPUT_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning"})
+
+
 def response_id(body: dict[str, Any]) -> str:
     """The response id: the body's ``request_id`` or ``resp_`` + 16 hex (vLLM's default)."""
     rid = body.get("request_id")
@@ -83,10 +89,13 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str):
         messages.append({"role": "system", "content": body["instructions"]})
-    for item in value:
+    for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise RequestError(400, "input: each item must be an object", "input")
-        kind = item.get("type", "message")
+        kind = item.get("type") or "message"
+        if kind not in _INPUT_ITEM_TYPES:
+            raise RequestError(400, f"input.{i}.type: unknown input item type {kind!r}",
+                               f"input.{i}.type")
         if kind == "function_call":
             fn = {"name": item.get("name"), "arguments": item.get("arguments")}
             call = {"id": item.get("call_id"), "type": "function", "function": fn}

@@ -26,9 +26,9 @@ bodies of ``parse.OFFLOAD_PARSE_BYTES`` or more are parsed and checked off the e
 
 from __future__ import annotations
 
-from typing import Any, Literal, Required
+from typing import Annotated, Any, Literal, Required
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs it below Python 3.12
 
 from gateway.admit.tool_schema import check_tool_schema
@@ -106,11 +106,17 @@ class ResponsesPart(TypedDict, total=False):
     text: str | None
 
 
-class ResponsesItem(TypedDict, total=False):
-    """An input item: a message (``role`` + ``content``), a function call or its output, a
-    reasoning item."""
+#: The input item types the gateway converts (``gateway.protocols.responses_items``) and an
+#: engine renders; any other type is refused (OpenAI answers 400 ``input[i].type``, vLLM's
+#: pydantic union refuses it) rather than forwarded to be dropped or mis-rendered.
+ResponsesItemType = Literal["message", "function_call", "function_call_output", "reasoning"]
 
-    type: str | None
+
+class ResponsesItem(TypedDict, total=False):
+    """An input item: a message (``role`` + ``content``, ``type`` ``message`` or absent), a
+    function call or its output, a reasoning item."""
+
+    type: ResponsesItemType | None
     role: str | None
     content: str | list[ResponsesPart] | None
     call_id: str | None
@@ -150,7 +156,7 @@ class ResponsesRequest(TypedDict, total=False):
     instructions: str | list[ResponsesItem] | None
     tools: list[ResponsesTool] | None
     tool_choice: Literal["auto", "none", "required"] | NamedChoice | None
-    max_output_tokens: int | None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None
     temperature: float | None
     top_p: float | None
     parallel_tool_calls: bool | None
@@ -235,6 +241,7 @@ _ADAPTERS: dict[str, TypeAdapter[Any]] = {
     "messages": TypeAdapter(AnthropicRequest),
     "count_tokens": TypeAdapter(AnthropicRequest),
     "responses": TypeAdapter(ResponsesRequest),
+    "input_tokens": TypeAdapter(ResponsesRequest),
     "chat": TypeAdapter(ChatRequest),
 }
 
@@ -256,7 +263,7 @@ def _tool_schemas(api: str, doc: JsonObject) -> list[tuple[Any, str]]:
     tools = doc.get("tools") or ()
     if api in ("messages", "count_tokens"):
         out = [(t.get("input_schema"), f"tools.{i}.input_schema") for i, t in enumerate(tools)]
-    elif api == "responses":
+    elif api in ("responses", "input_tokens"):
         out = [(t.get("parameters"), f"tools.{i}.parameters") for i, t in enumerate(tools)]
     else:
         out = [(t["function"].get("parameters"), f"tools.{i}.function.parameters")
@@ -264,7 +271,7 @@ def _tool_schemas(api: str, doc: JsonObject) -> list[tuple[Any, str]]:
         fmt = doc.get("response_format")
         if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
             out.append((fmt["json_schema"].get("schema"), "response_format.json_schema.schema"))
-    if api == "responses":
+    if api in ("responses", "input_tokens"):
         text = doc.get("text")
         fmt = text.get("format") if isinstance(text, dict) else None
         if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
@@ -275,8 +282,8 @@ def _tool_schemas(api: str, doc: JsonObject) -> list[tuple[Any, str]]:
 def check_body_schema(api: str, doc: JsonObject) -> None:
     """Raise ``InvalidRequest`` (400, ``param`` the first bad field's dotted path, code
     ``invalid_type``; ``invalid_tool_schema`` for a tool schema) when ``doc`` (the parsed body
-    of protocol ``api``: ``messages``, ``count_tokens``, ``responses``, ``chat``; others
-    pass) breaks the shapes above."""
+    of protocol ``api``: ``messages``, ``count_tokens``, ``responses``, ``input_tokens``
+    (a Responses body, checked as ``responses``), ``chat``; others pass) breaks the shapes above."""
     adapter = _ADAPTERS.get(api)
     if adapter is None:
         return

@@ -6,7 +6,8 @@ Request: ``model``, ``input`` (a string or items), ``instructions``, ``tools``,
 upstream: the engine keeps nothing); ``request_id`` (vLLM's extra field that becomes the
 response id: the gateway names each response ``resp_<32 hex>`` so it can track and cancel it);
 ``previous_response_id`` (expanded by the gateway into the full ``input`` and removed, engines
-stay stateless). ``background: true`` is refused (400): it needs an engine-side store.
+stay stateless). ``background: true`` is refused (400): it needs an engine-side store; so is
+``conversation`` (400: state of OpenAI's Conversations API, which the gateway does not serve).
 
 Stream (OpenAI API reference, "Responses streaming events"; vLLM 0.32
 ``entrypoints/openai/responses/streaming_events.py``): typed events ``response.created``,
@@ -183,6 +184,12 @@ class ResponsesProtocol(Protocol):
         if doc.get("background"):
             raise InvalidRequest(
                 "background mode is not supported by this gateway", param="background"
+            )
+        if doc.get("conversation") is not None:
+            raise InvalidRequest(
+                "conversations are not supported by this gateway (no Conversations API): "
+                "send the conversation as 'input' or use 'previous_response_id'",
+                param="conversation",
             )
         previous = doc.get("previous_response_id")
         if previous is not None and (not isinstance(previous, str) or not previous):

@@ -6,7 +6,9 @@ estimates). Pure.
 Items handled: messages (``{"role", "content"}`` with or without ``"type": "message"``; content
 a string or parts with ``text``), ``function_call`` (``call_id``, ``name``, ``arguments``),
 ``function_call_output`` (``call_id``, ``output``), ``reasoning`` (``content``/``summary``
-texts); other item types are kept as given and counted by their JSON.
+texts). A client's items of other types are refused at admission (``gateway.admit.body_schema``
+``ResponsesItemType``); any other item met here (a stored turn's) is kept as given and counted by
+its JSON.
 """
 
 from __future__ import annotations
