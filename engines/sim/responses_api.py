@@ -52,7 +52,16 @@ Deliveries = AsyncIterator[list[tuple[int, int, bool]]]
 
 #: Input item types rendered (``reasoning`` items are accepted and left out of the prompt);
 #: any other type is a 400 naming ``input.<i>.type``, as vLLM's pydantic union refuses it.
-_INPUT_ITEM_TYPES = frozenset({"message", "function_call", "function_call_output", "reasoning"})
+_INPUT_ITEM_TYPES = frozenset({  # OpenAI's input item types (openai 3.57), as vLLM's union
+    "message", "function_call", "function_call_output", "reasoning", "item_reference",
+    "custom_tool_call", "custom_tool_call_output", "local_shell_call", "local_shell_call_output",
+    "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
+    "computer_call", "computer_call_output", "file_search_call", "web_search_call",
+    "image_generation_call", "code_interpreter_call", "mcp_call", "mcp_list_tools",
+    "mcp_approval_request", "mcp_approval_response", "tool_search_call", "tool_search_output",
+    "compaction", "compaction_trigger", "additional_tools", "configuration_update", "program",
+    "program_output",
+})
 
 
 def response_id(body: dict[str, Any]) -> str:

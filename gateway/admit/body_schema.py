@@ -106,10 +106,23 @@ class ResponsesPart(TypedDict, total=False):
     text: str | None
 
 
-#: The input item types the gateway converts (``gateway.protocols.responses_items``) and an
-#: engine renders; any other type is refused (OpenAI answers 400 ``input[i].type``, vLLM's
-#: pydantic union refuses it) rather than forwarded to be dropped or mis-rendered.
-ResponsesItemType = Literal["message", "function_call", "function_call_output", "reasoning"]
+#: The input item types of OpenAI's Responses API (the ``type`` literals of the ``openai``
+#: SDK's ``ResponseInputItemParam`` union, openai 3.57), which vLLM's request model takes
+#: (``ResponseInputOutputItem``): the gateway converts message, function call/output and
+#: reasoning items for its routing keys and state (``gateway.protocols.responses_items``) and
+#: forwards the others for the engine to render (Codex sends ``custom_tool_call`` items for its
+#: patch tool). Any other type is refused (OpenAI answers 400 ``input[i].type``, vLLM's union
+#: refuses it) rather than forwarded to be dropped or mis-rendered.
+ResponsesItemType = Literal[
+    "message", "function_call", "function_call_output", "reasoning", "item_reference",
+    "custom_tool_call", "custom_tool_call_output", "local_shell_call", "local_shell_call_output",
+    "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
+    "computer_call", "computer_call_output", "file_search_call", "web_search_call",
+    "image_generation_call", "code_interpreter_call", "mcp_call", "mcp_list_tools",
+    "mcp_approval_request", "mcp_approval_response", "tool_search_call", "tool_search_output",
+    "compaction", "compaction_trigger", "additional_tools", "configuration_update", "program",
+    "program_output",
+]
 
 
 class ResponsesItem(TypedDict, total=False):
