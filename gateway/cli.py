@@ -19,6 +19,17 @@ from gateway.server import run_server
 EXAMPLE = "deploy/speedgate.example.yaml"
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (else argparse's usage error, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     overrides: dict = {}
     server: dict = {}
@@ -133,9 +144,10 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
 def _cmd_capacity(args: argparse.Namespace) -> int:
     import json
 
+    from gateway.capacity.checks import check_counts
     from gateway.capacity.footprint import FootprintError
     from gateway.capacity.planner import PlanError
-    from gateway.capacity.report import build_report, check_counts, format_table
+    from gateway.capacity.report import build_report, format_table
 
     try:
         check_counts(args)
@@ -204,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--port", type=int, default=9002, help="gRPC port (default 9002)")
     pk.add_argument("--port-file", metavar="PATH",
                     help="write the bound port to PATH once serving (with --port 0)")
-    pk.add_argument("--max-endpoints", type=int, default=1, metavar="N",
+    pk.add_argument("--max-endpoints", type=_positive_int, default=1, metavar="N",
                     help="endpoints per pick, in order (1 for an ORIGINAL_DST cluster; more "
                     "for a data plane whose retries walk the list)")
     pk.add_argument("--k8s-pods", metavar="SELECTOR",

@@ -9,16 +9,15 @@ layers from the same block pool; or a flat extra per GPU, e.g. 0 for ngram promp
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from dataclasses import replace
 from typing import Any
 
+from gateway.capacity.checks import check_layout, config_context
 from gateway.capacity.footprint import FootprintError, KvFootprint, kv_footprint, load_config
 from gateway.capacity.planner import (
     CONTEXTS,
     GIB,
-    PlanError,
     ReplicaSpec,
     replica_capacity,
     replicas_needed,
@@ -103,8 +102,9 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     kv_dtype = args.kv_cache_dtype
     if kv_dtype == "auto":  # vLLM: the cache follows the model's compute dtype
         kv_dtype = dtype if dtype in ("float32", "float16", "bfloat16") else "bfloat16"
+    check_layout(cfg, args.tp, args.pp)
     fp = kv_footprint(cfg, kv_dtype=kv_dtype, tp=args.tp, pp=args.pp)
-    max_len = args.max_model_len or int(cfg.get("max_position_embeddings") or 0) or 1 << 20
+    max_len = args.max_model_len or config_context(cfg) or 1 << 20
     spec = ReplicaSpec(
         gpu_memory_gib=args.gpu_memory_gib, tp=args.tp, pp=args.pp,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -246,15 +246,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", action="append", metavar="TIER=SESSIONSxTOKENS",
                    help="sessions resident at once per tier, e.g. standard=20x1M (repeat)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def check_counts(args: argparse.Namespace) -> None:
-    """Reject non-positive sizes before any arithmetic. Raises ``PlanError``."""
-    for name in ("tp", "pp", "block_size"):
-        if getattr(args, name) < 1:
-            raise PlanError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.max_model_len is not None and args.max_model_len < 1:
-        raise PlanError("--max-model-len must be >= 1")
-    if math.isnan(args.gpu_memory_gib) or args.gpu_memory_gib <= 0:
-        raise PlanError("--gpu-memory-gib must be > 0")
 

@@ -101,11 +101,13 @@ def pick_headers(
 
 
 def request_headers_pick(
-    destination: str, extra: list[tuple[str, str]], body_size: int | None
+    destination: str, extra: list[tuple[str, str]], body_size: int | None,
+    remove: list[str] | None = None,
 ) -> ep.ProcessingResponse:
     """The answer to the request headers carrying the pick (streamed mode, or a request
-    without a body): header and ``envoy.lb`` metadata with the same ``destination``."""
-    common = _mutation(pick_headers(destination, extra, body_size), [])
+    without a body): header and ``envoy.lb`` metadata with the same ``destination``;
+    ``remove``: request headers dropped (``content-encoding`` of a body sent decoded)."""
+    common = _mutation(pick_headers(destination, extra, body_size), remove or [])
     common.clear_route_cache = True
     return ep.ProcessingResponse(
         request_headers=ep.HeadersResponse(response=common),
@@ -114,11 +116,13 @@ def request_headers_pick(
 
 
 def request_body_pick(
-    destination: str, extra: list[tuple[str, str]], body: bytes
+    destination: str, extra: list[tuple[str, str]], body: bytes,
+    remove: list[str] | None = None,
 ) -> ep.ProcessingResponse:
     """Buffered mode: the answer to the whole body carrying the pick (headers may be changed
-    with a buffered body) and the body to send upstream."""
-    common = _mutation(pick_headers(destination, extra, len(body)), [])
+    with a buffered body) and the body to send upstream; ``remove``: request headers
+    dropped."""
+    common = _mutation(pick_headers(destination, extra, len(body)), remove or [])
     common.body_mutation.body = body
     common.clear_route_cache = True
     return ep.ProcessingResponse(

@@ -13,6 +13,12 @@ message's ``protocol_config``):
   body's answer;
 - a request without a body is decided on its headers (its protocol then answers 400).
 
+A ``Content-Encoding`` body (gzip, deflate, br, zstd) is decoded as it arrives with the
+proxy's own decoder (``gateway.common.body_codings``: the decoded size bounded by
+``server.max_body_bytes`` and the inflation bound, 413 past either, 400 for a corrupt stream,
+415 for an unknown coding). The engine gets the decoded body (vLLM does not decode compressed
+requests): ``content-encoding`` is removed and ``content-length`` set to the decoded size.
+
 ``STREAMED`` and ``BUFFERED_PARTIAL`` cannot carry a pick made on the whole body: they are
 answered 500 with a message naming the setting. Responses: headers always (the served
 endpoint and status go to the ledgers, the tier and replica headers to the client), body when
@@ -27,6 +33,7 @@ from collections.abc import AsyncIterator
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from gateway.common.body_codings import BodyDecoder, body_decoder
 from gateway.errors import GatewayError
 from gateway.picker import messages as msg
 from gateway.picker.decide import Pick, Picker
@@ -50,6 +57,7 @@ class PickerStream:
         self.body_mode = FULL_DUPLEX
         self.response_mode = pm.ProcessingMode.NONE
         self.body = bytearray()
+        self.decoder: BodyDecoder | None = None  # the body's Content-Encoding, if any
         self.pick: Pick | None = None
         self.tap: UsageTap | None = None
         self.done = False  # an immediate response was sent: nothing more to do
@@ -79,6 +87,11 @@ class PickerStream:
             self.subset = msg.subset_hint(req)
             if req.request_headers.end_of_stream:
                 return await self._decide(trailers=False)
+            try:
+                self.decoder = body_decoder(self.headers.get("content-encoding"),
+                                            self.picker.runtime.config.server.max_body_bytes)
+            except GatewayError as e:
+                return self._fail(e)
             if self.body_mode == BUFFERED:
                 return [msg.continue_request_headers()]
             if self.body_mode != FULL_DUPLEX:
@@ -87,15 +100,7 @@ class PickerStream:
                     "FULL_DUPLEX_STREAMED or BUFFERED", status=500, code="picker_config"))
             return []
         if kind == "request_body":
-            self.body += req.request_body.body
-            limit = self.picker.runtime.config.server.max_body_bytes
-            if len(self.body) > limit:
-                return self._fail(GatewayError(
-                    f"request body larger than {limit} bytes", status=413,
-                    type="invalid_request_error", code="request_too_large"))
-            if req.request_body.end_of_stream:
-                return await self._decide(trailers=False)
-            return []
+            return await self._on_request_body(req.request_body)
         if kind == "request_trailers":
             if self.pick is None:  # the body ended with trailers
                 out = await self._decide(trailers=True)
@@ -109,7 +114,27 @@ class PickerStream:
             return [msg.continue_response_trailers()]
         return []
 
+    async def _on_request_body(self, body: ep.HttpBody) -> list[ep.ProcessingResponse]:
+        """Keep (decoding) one body chunk; decide at the body's end."""
+        limit = self.picker.runtime.config.server.max_body_bytes
+        try:
+            self.body += body.body if self.decoder is None else self.decoder.feed(body.body)
+        except GatewayError as e:
+            return self._fail(e)
+        if len(self.body) > limit:
+            return self._fail(GatewayError(
+                f"request body larger than {limit} bytes", status=413,
+                type="invalid_request_error", code="request_too_large"))
+        if body.end_of_stream:
+            return await self._decide(trailers=False)
+        return []
+
     async def _decide(self, trailers: bool) -> list[ep.ProcessingResponse]:
+        if self.decoder is not None:
+            try:
+                self.body += self.decoder.finish()
+            except GatewayError as e:
+                return self._fail(e)
         raw = bytes(self.body)
         self.body = bytearray()
         try:
@@ -119,10 +144,11 @@ class PickerStream:
         except Exception:
             log.exception("picker error on %s", self.headers.get(":path"))
             return self._fail(GatewayError("internal picker error", code="internal_error"))
+        remove = ["content-encoding"] if self.decoder is not None else []
         if self.body_mode == BUFFERED and raw:
-            return [msg.request_body_pick(pick.destination, [], pick.payload)]
+            return [msg.request_body_pick(pick.destination, [], pick.payload, remove)]
         size = len(pick.payload) if raw else None
-        out = [msg.request_headers_pick(pick.destination, [], size)]
+        out = [msg.request_headers_pick(pick.destination, [], size, remove)]
         if raw:
             out += msg.streamed_body(pick.payload, end=not trailers)
         return out

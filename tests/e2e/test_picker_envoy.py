@@ -8,6 +8,7 @@ two must agree (the picked replica is the one Envoy reached).
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
@@ -132,6 +133,29 @@ def test_body_over_the_gateway_limit_is_413(env: EnvoyPicker) -> None:
             model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "y" * (limit + 1)}])
     assert e.value.status_code == 413
     assert e.value.body["code"] == "request_too_large"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("body_mode", ["FULL_DUPLEX_STREAMED", "BUFFERED"])
+def test_gzip_body_reaches_the_replica_decoded(env: EnvoyPicker, body_mode: str) -> None:
+    """A ``Content-Encoding: gzip`` body is picked (the picker decodes it) and Envoy forwards
+    the decoded body, its coding header removed, which the replica reads; an unknown coding
+    is 415 in the OpenAI shape."""
+    url = env.base_url if body_mode == "FULL_DUPLEX_STREAMED" else env.add_envoy(
+        fail_open=False, body_mode="BUFFERED")
+    marker = f"gzip {uuid.uuid4().hex}"
+    body = json.dumps({"model": MODEL, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": marker}]}).encode()
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    with httpx.Client(timeout=30) as c:
+        r = c.post(url + "/v1/chat/completions", content=gzip.compress(body), headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"]
+        replica = r.headers["x-speedgate-replica"]
+        assert _sim_with(env.stack, marker) == [_url_of(env.stack, replica)]
+        bad = c.post(url + "/v1/chat/completions", content=body,
+                     headers={**headers, "content-encoding": "lzma"})
+    assert bad.status_code == 415, bad.text
+    assert bad.json()["error"]["code"] == "unsupported_media_type"
 
 
 def test_unknown_model_is_404_in_openai_shape(env: EnvoyPicker) -> None:
