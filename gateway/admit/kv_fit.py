@@ -18,7 +18,8 @@ async def fit_replicas(
     """Count the request's tokens (prompt + output cap, into ``route.tokens``) when some
     replica of ``plan.chain`` has known limits, keep the pools where it fits (reason
     ``context-does-not-fit`` when the first tier is dropped) and let the picker skip the
-    replicas it does not fit. Raises ``ContextTooLong`` (400) when it fits none. A body whose
+    replicas it does not fit. Raises ``ContextTooLong`` (400, naming the API's prompt field)
+    when it fits none. A body whose
     bytes (``raw_size``) plus output cap fit the smallest known replica (a token is at least
     one byte) is not counted: bytes / 4 (OpenAI's rule of thumb) serves the headroom scorer.
     ``encoding``: the tiktoken encoding of the estimate."""
@@ -33,6 +34,6 @@ async def fit_replicas(
         raw_size, encoding,
     )
     first = plan.chain[0] if plan.chain else None
-    plan.chain = check_chain(plan.chain, route.tokens)
+    plan.chain = check_chain(plan.chain, route.tokens, protocol.prompt_field)
     if plan.chain and plan.chain[0] is not first:
         plan.reason = "context-does-not-fit"

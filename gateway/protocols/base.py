@@ -213,6 +213,9 @@ class Protocol:
     continuation_path: ClassVar[str | None] = None
     operation: ClassVar[str]  # gen_ai.operation.name (OpenTelemetry GenAI conventions)
     count_kind: ClassVar[str] = "chat"  # how ``view`` is counted: chat | completion
+    #: the body field holding the prompt, named by a refusal of its length
+    #: (``context_length_exceeded``): ``messages`` | ``prompt`` | ``input``
+    prompt_field: ClassVar[str] = "messages"
     generates: ClassVar[bool] = True  # False: no output, no usage (token counting)
     default_tier_only: ClassVar[bool] = False  # True: tier hints ignored, default pool
     #: the stream keep-alive in this API's own form (an SSE comment, WHATWG "Server-sent

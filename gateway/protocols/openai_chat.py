@@ -252,6 +252,7 @@ class CompletionsProtocol(ChatProtocol):
     path = "/v1/completions"
     operation = "text_completion"
     count_kind = "completion"
+    prompt_field = "prompt"
 
     def span_attributes(self) -> dict[str, str]:
         return {}

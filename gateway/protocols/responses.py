@@ -151,6 +151,7 @@ class ResponsesProtocol(Protocol):
     """``POST /v1/responses`` and the state behind ``GET``/``DELETE``/``cancel``."""
 
     name = "responses"
+    prompt_field = "input"
     path = "/v1/responses"
     operation = "chat"
     errors: ErrorShape = RESPONSES_ERRORS

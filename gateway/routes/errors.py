@@ -37,7 +37,8 @@ def install_error_handlers(app: FastAPI) -> None:
         """No route (404) or no such method (405), in the API's own shape: a path the gateway
         cannot serve is OpenAI's ``Invalid URL (METHOD /path)`` (Anthropic's
         ``not_found_error`` under ``/v1/messages``), so clients fall back; a junk
-        ``/v1/responses/{id}`` is a missing response (``response_not_found``)."""
+        ``/v1/responses/{id}`` is a missing response (``response_not_found``). The body's
+        ``request_id`` is the one the middleware put in the ``x-request-id`` header."""
         status = exc.status_code
         path = request.url.path
         message = (f"Invalid URL ({request.method} {path})" if status == 404
@@ -52,7 +53,8 @@ def install_error_handlers(app: FastAPI) -> None:
             err = response_not_found(bad_id)  # a junk id is a missing response, not a path
         shape = ANTHROPIC_ERRORS if path.startswith("/v1/messages") else OPENAI_ERRORS
         headers = {k.decode(): v.decode() for k, v in shape.headers(err)}
-        return Response(shape.body(err, request_id(request.scope)), status_code=status,
+        rid = request.scope.get("speedgate.request_id") or request_id(request.scope)
+        return Response(shape.body(err, rid), status_code=status,
                         media_type="application/json", headers=headers | dict(exc.headers or {}))
 
     @app.exception_handler(RequestValidationError)

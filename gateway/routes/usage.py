@@ -1,6 +1,10 @@
 """``GET /v1/usage``: the totals of one session (``session_id``, with its budget) or of one API
 key (``key_id``): requests, tokens by type, cost (USD), TTFT and e2e sums (seconds). A caller
-reads its own key; other keys and sessions need an admin key (audited)."""
+reads its own key; other keys and sessions need an admin key (audited).
+
+A session is scoped by its API key, as budgets are: ``session_id`` with ``key_id`` is that
+key's session; without ``key_id`` it is the caller's own key's session (an admin's too: an
+admin names the key to read another key's session; with auth off, the one keyless scope)."""
 
 from __future__ import annotations
 
@@ -55,8 +59,10 @@ def add_usage_route(app: FastAPI, state: GatewayState, gate: Gate) -> None:
                                status=400, type="invalid_request_error", param="session_id")
             return error_response(err)
         store = state.usage
+        # a session belongs to key_id, else to the caller's key (None with auth off)
+        owner = key_id if key_id is not None else (caller.id if caller is not None else None)
         try:
-            totals = await (store.get_session(session_id) if session_id is not None
+            totals = await (store.get_session(owner, session_id) if session_id is not None
                             else store.get_key(key_id or ""))
         except UsageStoreUnavailable:
             return error_response(GatewayError("usage store unavailable", status=503,
@@ -64,8 +70,7 @@ def add_usage_route(app: FastAPI, state: GatewayState, gate: Gate) -> None:
         scope: dict[str, Any] = (
             {"session_id": session_id} if session_id is not None else {"key_id": key_id}
         )
-        if session_id is not None:  # its budget under key_id, else under the caller's key
-            owner = key_id if key_id is not None else (caller.id if caller is not None else None)
+        if session_id is not None:  # its budget under the same owner as its totals
             try:
                 scope["budget"] = await state.admission.budgets.read(owner, session_id)
             except Exception:  # the budget store is down: the totals still answer

@@ -82,10 +82,11 @@ def smallest_capacity(chain: Sequence[Pool]) -> int:
     return min(known, default=0)
 
 
-def check_chain(chain: Sequence[Pool], tokens: int) -> list[Pool]:
+def check_chain(chain: Sequence[Pool], tokens: int, param: str = "messages") -> list[Pool]:
     """The pools of ``chain`` (in order) with at least one replica ``tokens`` fits. Raises
-    ``ContextTooLong`` when there is none, naming ``tokens`` and the largest capacity among
-    the chain's replicas."""
+    ``ContextTooLong`` when there is none, naming ``tokens``, the largest capacity among
+    the chain's replicas and ``param`` (the API's prompt field: ``messages``, ``prompt``,
+    ``input``)."""
     kept = [p for p in chain if fitting(p.replicas, tokens)]
     if kept or not chain:
         return kept
@@ -94,5 +95,5 @@ def check_chain(chain: Sequence[Pool], tokens: int) -> list[Pool]:
         f"This request needs {tokens} tokens (prompt and requested output), more than any "
         f"replica of this model takes: the largest takes {largest} tokens. Shorten the "
         f"conversation or lower the output limit.",
-        param="messages",
+        param=param,
     )

@@ -4,12 +4,16 @@ TTFT and end-to-end time, behind one interface with two implementations.
 - ``MemoryUsageStore``: one process (the default); sessions kept in LRU order, at most
   ``max_sessions``.
 - ``RedisUsageStore``: shared by every gateway replica (redis-py asyncio, ``redis>=5``). One
-  hash per key and per session (``{prefix}key:{id}``, ``{prefix}session:{id}``), updated by
+  hash per key and per session (``{prefix}key:{id}``, ``{prefix}session:{key}/{id}``), updated by
   ``HINCRBY``/``HINCRBYFLOAT`` in one ``MULTI`` pipeline so a reader never sees half a request;
   sessions expire ``session_ttl_s`` after their last request. Short socket timeouts (100 ms by
   default, case redis-outage) and the circuit breaker of the gateway's shared Redis connection
   (``gateway.common.redis_conn``): while it is open Redis is skipped (adds are dropped and
   counted in ``dropped``, reads answer ``UsageStoreUnavailable`` at once).
+
+A session is a session id within one API key (``session_scope``: ``{key_id}/{session_id}``,
+``-`` for the key with auth off), as budgets and routing scope it: two keys sending one id
+have two totals.
 
 ``add()`` never raises: accounting must not fail a request that was served (call it after the
 response is complete). ``get_key``/``get_session`` raise ``UsageStoreUnavailable`` when the
@@ -137,14 +141,20 @@ class UsageStore(Protocol):
     async def get_key(self, key_id: str) -> UsageTotals:
         """Totals of ``key_id`` (zeros when unknown)."""
 
-    async def get_session(self, session_id: str) -> UsageTotals:
-        """Totals of ``session_id`` (zeros when unknown)."""
+    async def get_session(self, key_id: str | None, session_id: str) -> UsageTotals:
+        """Totals of ``session_id`` of API key ``key_id`` (zeros when unknown)."""
 
     async def close(self) -> None:
         """Release connections."""
 
 
 _id = bounded_id
+
+
+def session_scope(key_id: str | None, session_id: str) -> str:
+    """The stored name of a session's totals: ``{key_id}/{session_id}`` (``-`` for no key),
+    the session id bounded like every id (``bounded_id``)."""
+    return f"{key_id or '-'}/{_id(session_id)}"
 
 
 class MemoryUsageStore:
@@ -160,7 +170,7 @@ class MemoryUsageStore:
         if key_id is not None:
             self._keys.setdefault(_id(key_id), UsageTotals()).add(delta, now)
         if session_id is not None:
-            sid = _id(session_id)
+            sid = session_scope(key_id, session_id)
             totals = self._sessions.get(sid)
             if totals is None:
                 totals = self._sessions[sid] = UsageTotals()
@@ -173,8 +183,8 @@ class MemoryUsageStore:
     async def get_key(self, key_id: str) -> UsageTotals:
         return self._keys.get(_id(key_id)) or UsageTotals()
 
-    async def get_session(self, session_id: str) -> UsageTotals:
-        return self._sessions.get(_id(session_id)) or UsageTotals()
+    async def get_session(self, key_id: str | None, session_id: str) -> UsageTotals:
+        return self._sessions.get(session_scope(key_id, session_id)) or UsageTotals()
 
     async def close(self) -> None:
         return None
@@ -219,9 +229,9 @@ class RedisUsageStore:
         """The Redis key of ``key_id``'s totals."""
         return f"{self.prefix}key:{_id(key_id)}"
 
-    def session_hash(self, session_id: str) -> str:
-        """The Redis key of ``session_id``'s totals."""
-        return f"{self.prefix}session:{_id(session_id)}"
+    def session_hash(self, key_id: str | None, session_id: str) -> str:
+        """The Redis key of the totals of ``session_id`` of API key ``key_id``."""
+        return f"{self.prefix}session:{session_scope(key_id, session_id)}"
 
     def _queue(self, pipe: Any, name: str, d: UsageDelta, now: float) -> None:
         pipe.hincrby(name, "requests", 1)
@@ -253,7 +263,7 @@ class RedisUsageStore:
                 if key_id is not None:
                     self._queue(pipe, self.key_hash(key_id), delta, now)
                 if session_id is not None:
-                    name = self.session_hash(session_id)
+                    name = self.session_hash(key_id, session_id)
                     self._queue(pipe, name, delta, now)
                     pipe.expire(name, self.session_ttl_s)
                 await pipe.execute()
@@ -277,8 +287,8 @@ class RedisUsageStore:
     async def get_key(self, key_id: str) -> UsageTotals:
         return await self._get(self.key_hash(key_id))
 
-    async def get_session(self, session_id: str) -> UsageTotals:
-        return await self._get(self.session_hash(session_id))
+    async def get_session(self, key_id: str | None, session_id: str) -> UsageTotals:
+        return await self._get(self.session_hash(key_id, session_id))
 
     async def close(self) -> None:
         if self.owns_client:
@@ -292,4 +302,5 @@ __all__ = [
     "UsageStore",
     "UsageStoreUnavailable",
     "UsageTotals",
+    "session_scope",
 ]

@@ -185,7 +185,7 @@ def test_user_checks_pass_and_the_state_is_in_redis(stack: CpuStack) -> None:
     session = f"cpu-profile-{uuid.uuid4().hex}"
     try:
         stack_checks.check_api(stack.gateway_url, session)
-        key = RedisUsageStore(client).session_hash(session)
+        key = RedisUsageStore(client).session_hash(None, session)
         assert int(client.hget(key, "requests") or 0) == stack_checks.API_REQUESTS
     finally:
         client.close()

@@ -142,7 +142,7 @@ def test_prompt_cache_key_alone_is_the_session(stack: Stack):
     for turn in range(2):
         client.chat.completions.create(model=MODEL, max_tokens=3, prompt_cache_key=key,
                                        messages=[{"role": "user", "content": f"t{turn}"}])
-    assert admin_get(stack, "/v1/usage", session_id=key)["requests"] == 2
+    assert admin_get(stack, "/v1/usage", session_id=key, key_id="agent")["requests"] == 2
     assert f"session_id={key} session_src=prompt_cache_key" in stack.log()
 
 
@@ -276,7 +276,7 @@ def test_a_responses_chain_without_a_session_id_is_one_session_named_by_its_firs
         previous = raw.parse().id
         first = first or previous
     assert first is not None and len(replicas) == 1
-    assert admin_get(stack, "/v1/usage", session_id=first)["requests"] == 3
+    assert admin_get(stack, "/v1/usage", session_id=first, key_id="agent")["requests"] == 3
     assert stack.log().count(f"session_id={first} session_src=responses_chain") == 3
     rows = [s for s in admin_get(stack, "/v1/console/state")["sessions"]["most_active"]
             if s["session_id"] == first]
@@ -298,4 +298,5 @@ def test_chat_requests_sharing_a_conversation_prefix_are_one_session(stack: Stac
     lines = [line for line in stack.log().splitlines() if "session_src=conversation" in line]
     sessions = [line.split("session_id=", 1)[1].split(" ", 1)[0] for line in lines[-3:]]
     assert sessions[0] == sessions[1] != sessions[2] and sessions[0].startswith("p:")
-    assert admin_get(stack, "/v1/usage", session_id=sessions[0])["requests"] == 2
+    assert admin_get(stack, "/v1/usage", session_id=sessions[0],
+                     key_id="agent")["requests"] == 2

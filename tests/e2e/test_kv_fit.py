@@ -104,3 +104,19 @@ def test_fits_nowhere_is_refused_at_once_with_the_numbers(stack: Stack) -> None:
     assert ae.value.body["error"]["type"] == "invalid_request_error"
     assert f"the largest takes {LARGE} tokens" in ae.value.body["error"]["message"]
     assert [_served(u) for u in urls] == before  # no replica saw any of them
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/responses", {"input": "x", "max_output_tokens": 1048576}, "input"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1048576}, "prompt"),
+])
+def test_context_length_exceeded_names_this_apis_field(
+    stack: Stack, path: str, body: dict, param: str
+) -> None:
+    """The fit-at-admission refusal names the prompt field of the API it answers (Responses
+    ``input``, completions ``prompt``), not chat's ``messages``, a field neither sends."""
+    r = httpx.post(stack.base_url + path, json={"model": MODEL, **body}, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded"
+    assert err["param"] == param, err

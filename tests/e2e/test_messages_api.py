@@ -204,3 +204,19 @@ def test_auto_tier_and_header_tier(client: anthropic.Anthropic):
         model=f"{MODEL}-fast", max_tokens=4, messages=USER,
         extra_body={"service_tier": "standard_only"})
     assert raw.headers["x-speedgate-tier"] == "fast"  # the alias wins over the body's hint
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/v1/messages"),                 # 405
+    ("GET", "/v1/messages/count_tokens"),    # 405
+    ("POST", "/v1/messages/batches"),        # 404
+    ("GET", "/v1/messages/foo"),             # 404
+])
+def test_route_errors_body_request_id_is_the_header(stack: Stack, method: str, path: str):
+    """Messages-shaped 404/405 answers carry in the body the `request_id` of the answer's
+    `x-request-id` (as every other Messages error does), so a user who quotes the body's id
+    is found in the access log."""
+    r = httpx.request(method, stack.base_url + path, json={}, timeout=10)
+    assert r.status_code in (404, 405)
+    assert r.json()["type"] == "error"
+    assert r.json()["request_id"] == r.headers["x-request-id"]

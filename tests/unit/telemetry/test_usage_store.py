@@ -56,15 +56,15 @@ def test_memory_store_totals_and_session_bound():
         await s.add(None, "s2", D1)
         await s.add("key-b", None, D2)
         _check(await s.get_key("key-a"))
-        _check(await s.get_session("s1"))
+        _check(await s.get_session("key-a", "s1"))
         assert (await s.get_key("key-b")).requests == 1
         assert (await s.get_key("nobody")).requests == 0
         await s.add(None, "s3", D1)  # over max_sessions: the least recently used (s1) goes
-        assert (await s.get_session("s1")).requests == 0
-        assert (await s.get_session("s3")).requests == 1
+        assert (await s.get_session("key-a", "s1")).requests == 0
+        assert (await s.get_session(None, "s3")).requests == 1
         long_id = "x" * 1000
         await s.add(long_id, long_id, D1)
-        assert (await s.get_session(long_id)).requests == 1
+        assert (await s.get_session(long_id, long_id)).requests == 1
         await s.close()
 
     asyncio.run(main())
@@ -95,9 +95,10 @@ def test_redis_totals_shared_by_two_gateways(prefix):
         await asyncio.gather(a.add("key-a", "sess-1", D1), b.add("key-a", "sess-1", D2))
         for store in (a, b):
             _check(await store.get_key("key-a"), n=2)
-            _check(await store.get_session("sess-1"), n=2)
-        assert (await a.get_session("other")).requests == 0
-        ttl = await a.client.ttl(a.session_hash("sess-1"))
+            _check(await store.get_session("key-a", "sess-1"), n=2)
+        assert (await a.get_session("key-a", "other")).requests == 0
+        assert (await a.get_session("key-b", "sess-1")).requests == 0  # scoped by key
+        ttl = await a.client.ttl(a.session_hash("key-a", "sess-1"))
         assert 0 < ttl <= 60
         assert await a.client.ttl(a.key_hash("key-a")) == -1  # keys do not expire
         assert a.dropped == b.dropped == 0
