@@ -107,7 +107,10 @@ async def test_recompute_preemption_of_the_newest_when_blocks_run_out() -> None:
 
 
 def test_preemptions_are_exported() -> None:
-    with start_sim(time_scale=0, model="m", num_gpu_blocks=16, block_size=16, max_model_len=256,
+    # real-time decode steps (time_scale 1: ~100 steps of vLLM's measured decode time per
+    # request) so the three requests run side by side however the client threads are scheduled;
+    # at time_scale 0 each finished before the next arrived on a loaded machine
+    with start_sim(time_scale=1, model="m", num_gpu_blocks=16, block_size=16, max_model_len=256,
                    preemption=True, output_tokens=96) as sim:
         with httpx.Client(base_url=sim.url, timeout=30) as c:
             body = {"model": "m", "prompt": "word " * 60, "max_tokens": 96, "ignore_eos": True}
