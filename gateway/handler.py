@@ -27,12 +27,19 @@ from gateway.admit.kv_fit import fit_replicas
 from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
 from gateway.admit.session import body_session, derived_session, header_session
-from gateway.asgi import ClientDisconnected, DisconnectWatch, Scope, header, read_body
+from gateway.asgi import (
+    ClientDisconnected,
+    DisconnectWatch,
+    Scope,
+    header,
+    read_body,
+    send_response,
+)
 from gateway.errors import GatewayError
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import plan_request
 from gateway.protocols.base import Protocol, Rewrite
-from gateway.relay.answer import end_stream_with_error, send_json, usage_headers
+from gateway.relay.answer import end_stream_with_error, usage_headers
 from gateway.relay.assembled import assemble_json
 from gateway.relay.keepalive import PrefillKeepalive
 from gateway.relay.resume import relay_resumable
@@ -295,7 +302,7 @@ class ApiRoute:
         headers += usage_headers(rec.usage, last.attempt.pool.config.prices, elapsed_s, rec.flex)
         payload = protocol.rewrite_json(doc, ex.body, self._rewrite(ex, last))
         ex.started, rec.status, rec.outcome = True, 200, "ok"
-        await send_json(ex.send, 200, payload, headers)
+        await send_response(ex.send, 200, payload, headers)
         return doc
 
     @staticmethod
@@ -332,7 +339,7 @@ class ApiRoute:
         """The error response of ``err`` in the protocol's shape, with ``extra`` headers."""
         shape = self.protocol.errors
         headers = self._headers(ex.rec) + extra + shape.headers(err)
-        await send_json(ex.send, shape.status(err), shape.body(err, ex.rec.request_id), headers)
+        await send_response(ex.send, shape.status(err), shape.body(err, ex.rec.request_id), headers)
 
     @staticmethod
     def _headers(rec: RequestRecord) -> list[tuple[bytes, bytes]]:

@@ -68,13 +68,9 @@ class ParsedBody:
         return isinstance(opts, dict) and opts.get("include_usage") is True
 
 
-def parse_body(raw: bytes, kind: str) -> ParsedBody:
-    """Parse and leniently validate an OpenAI request body.
-
-    ``kind`` is ``"chat"`` (``messages`` must be a non-empty list of objects) or ``"completion"``
-    (``prompt`` must be present). Unknown fields are kept untouched. Raises ``InvalidRequest``
-    (400) with ``param`` naming the field.
-    """
+def load_json_object(raw: bytes) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object (every API's request body). Raises ``InvalidRequest``
+    (400, ``invalid_json``) for invalid JSON or any other JSON value."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -83,6 +79,17 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         ) from None
     if not isinstance(doc, dict):
         raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+    return doc
+
+
+def parse_body(raw: bytes, kind: str) -> ParsedBody:
+    """Parse and leniently validate an OpenAI request body.
+
+    ``kind`` is ``"chat"`` (``messages`` must be a non-empty list of objects) or ``"completion"``
+    (``prompt`` must be present). Unknown fields are kept untouched. Raises ``InvalidRequest``
+    (400) with ``param`` naming the field.
+    """
+    doc = load_json_object(raw)
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string", param="model")

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest
-from gateway.protocols.body import ParsedBody
+from gateway.protocols.body import ParsedBody, load_json_object
 
 _ROLES = ("user", "assistant", "system")
 #: Anthropic's ``service_tier`` values and the OpenAI tier each asks for (None: the gateway's
@@ -91,14 +91,7 @@ def parse_messages(raw: bytes, *, need_max_tokens: bool) -> ParsedBody:
     ``max_tokens`` an integer ≥ 1, required when ``need_max_tokens``; ``stream`` boolean;
     ``service_tier``), so a client's mistake never reaches, crashes or counts against a replica.
     Raises ``InvalidRequest`` (400) naming the field."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise InvalidRequest(
-            f"request body is not valid JSON: {e.msg}", code="invalid_json"
-        ) from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+    doc = load_json_object(raw)
     model = doc.get("model")
     if model is None:
         raise InvalidRequest("model: Field required", param="model")

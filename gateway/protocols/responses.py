@@ -50,7 +50,7 @@ from gateway.protocols.base import (
     json_object,
     named_event,
 )
-from gateway.protocols.body import ParsedBody, splice_model
+from gateway.protocols.body import ParsedBody, load_json_object, splice_model
 from gateway.protocols.errors import RESPONSES_ERRORS, ErrorShape
 from gateway.protocols.response_store import ResponseStore
 from gateway.protocols.responses_items import (
@@ -163,14 +163,7 @@ class ResponsesProtocol(Protocol):
         return {"openai.api.type": "responses"}
 
     def parse(self, raw: bytes) -> ParsedBody:
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise InvalidRequest(
-                f"request body is not valid JSON: {e.msg}", code="invalid_json"
-            ) from None
-        if not isinstance(doc, dict):
-            raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+        doc = load_json_object(raw)
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("'model' must be a non-empty string", param="model")

@@ -1,6 +1,6 @@
-"""What the client is sent around a relayed answer: a whole JSON response (``send_json``), the
-accounting headers of a JSON answer (``usage_headers``), and the one in-band error event that
-ends a started stream (``end_stream_with_error``)."""
+"""What the client is sent around a relayed answer (a whole JSON answer goes out with
+``gateway.asgi.send_response``): the accounting headers of a JSON answer (``usage_headers``),
+and the one in-band error event that ends a started stream (``end_stream_with_error``)."""
 
 from __future__ import annotations
 
@@ -11,24 +11,6 @@ from gateway.config import Prices
 from gateway.errors import GatewayError
 from gateway.protocols.base import Protocol, StreamCodec
 from gateway.telemetry.cost import cost_usd
-
-
-async def send_json(
-    send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
-) -> None:
-    """Send a complete JSON response with ``headers`` (lower-case byte pairs)."""
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 def usage_headers(
