@@ -227,25 +227,36 @@ def test_vllm_404_passes_through_openai_shaped(client: OpenAI) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_vllm_400_passes_through_openai_shaped(client: OpenAI, stream: bool) -> None:
+    """A request over the engine's context is refused by the gateway at once in OpenAI's
+    shape (``context_length_exceeded``, the numbers named), from the ``max_model_len`` that
+    real vLLM reports on ``/v1/models``: the engine never sees it."""
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model=MODEL, messages=_user("hi"), max_tokens=100_000, stream=stream
         )
     assert e.value.status_code == 400
     err = e.value.body
-    assert err["type"] == "invalid_request_error" and err["param"] == "max_tokens"
-    assert "max_tokens=100000 cannot be greater than max_model_len=2048" in err["message"]
+    assert err["type"] == "invalid_request_error" and err["code"] == "context_length_exceeded"
+    assert "the largest takes 2048 tokens" in err["message"]
 
 
-def test_prompt_plus_max_tokens_over_context_is_capped_not_rejected(client: OpenAI) -> None:
-    """vLLM 0.32 caps the output at ``max_model_len - prompt`` instead of a 400 (the simulator
-    matches: see engines/sim/__init__.py)."""
+def test_prompt_plus_max_tokens_over_context_is_refused_before_the_engine(
+    client: OpenAI,
+) -> None:
+    """vLLM 0.32 itself caps the output at ``max_model_len - prompt`` instead of a 400; the
+    gateway follows OpenAI's rule instead (prompt + requested output within the context, or
+    400 ``context_length_exceeded``: docs/capacity.md), counted before any replica."""
     prompt_ids = [10 + i % 1000 for i in range(2000)]  # token ids: an exact prompt length
-    r = client.completions.create(
-        model=MODEL, prompt=prompt_ids, max_tokens=1000, extra_body=IGNORE_EOS
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(
+            model=MODEL, prompt=prompt_ids, max_tokens=1000, extra_body=IGNORE_EOS
+        )
+    assert e.value.body["code"] == "context_length_exceeded"
+    assert "the largest takes 2048 tokens" in e.value.body["message"]
+    r = client.completions.create(  # within the context: served in full
+        model=MODEL, prompt=prompt_ids, max_tokens=48, extra_body=IGNORE_EOS
     )
     assert r.usage.prompt_tokens == 2000 and r.usage.completion_tokens == 48
-    assert r.choices[0].finish_reason == "length"
 
 
 def test_client_disconnect_aborts_generation(vllm_stack: VllmStack) -> None:
