@@ -46,7 +46,7 @@ from gateway.state import GatewayState, build_state
 from gateway.telemetry import tokencount
 from gateway.telemetry.gcstats import GcSettings, GcStats
 from gateway.telemetry.procstats import ProcessCollector
-from gateway.upstream.discovery import DnsDiscovery
+from gateway.upstream.discovery import start_discoveries
 from gateway.upstream.load_scraper import LoadScraper
 
 
@@ -114,17 +114,7 @@ def _lifespan(
         metrics.registry.register(process_collector)
         gc_stats, gc_settings = GcStats(), GcSettings()
         metrics.registry.register(gc_stats)
-        discoveries = []
-        for pool in pools.all():
-            d = pool.config.discovery
-            if d is not None:
-                disc = DnsDiscovery(
-                    d.host, d.port, interval_s=d.interval_s, timeout_s=d.timeout_s,
-                    scheme=d.scheme, family=d.family, on_change=pool.set_endpoints,
-                )
-                await disc.resolve_once()
-                disc.start()
-                discoveries.append(disc)
+        discoveries = await start_discoveries(pools)
         bus = cancel_bus(config)  # cancels between gateway replicas (Redis)
         responses.state.attach(upstream, bus, longest_deadline_s(config))
         await tokencount.warm_up(config.telemetry.usage_estimate_encoding)

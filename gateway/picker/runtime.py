@@ -23,7 +23,7 @@ from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
 from gateway.routing.service import RoutingService
 from gateway.upstream.client import Upstream
-from gateway.upstream.discovery import DnsDiscovery
+from gateway.upstream.discovery import DnsDiscovery, start_discoveries
 from gateway.upstream.health import HealthChecker
 from gateway.upstream.load_scraper import LoadScraper
 
@@ -92,16 +92,7 @@ class PickerRuntime:
         self.health = HealthChecker(self.config.health, self.pools, upstream)
         self.routing = RoutingService(self.config, self.pools, redis=self.redis)
         self.scraper = LoadScraper(self.pools, upstream)  # engine load: routing and auto read it
-        for pool in self.pools.all():
-            d = pool.config.discovery
-            if d is not None:
-                disc = DnsDiscovery(
-                    d.host, d.port, interval_s=d.interval_s, timeout_s=d.timeout_s,
-                    scheme=d.scheme, family=d.family, on_change=pool.set_endpoints,
-                )
-                await disc.resolve_once()
-                disc.start()
-                self.discoveries.append(disc)
+        self.discoveries.extend(await start_discoveries(self.pools))
         for watch in self.pod_watches:
             watch.start()
             await watch.synced.wait()

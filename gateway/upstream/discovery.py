@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal
 
 from gateway.common.tasks import cancel_and_wait, every
+from gateway.fleet.pools import PoolRegistry
 
 log = logging.getLogger("speedgate.discovery")
 
@@ -168,3 +169,21 @@ class DnsDiscovery:
         await cancel_and_wait([self._task])
         self._task = None
 
+
+
+async def start_discoveries(pools: PoolRegistry) -> list[DnsDiscovery]:
+    """One started ``DnsDiscovery`` per pool whose config has ``discovery``, each resolved once
+    before it returns (a pool starts with its endpoints), feeding ``pool.set_endpoints``. The
+    caller stops each (``await d.stop()``) at shutdown."""
+    started: list[DnsDiscovery] = []
+    for pool in pools.all():
+        d = pool.config.discovery
+        if d is not None:
+            disc = DnsDiscovery(
+                d.host, d.port, interval_s=d.interval_s, timeout_s=d.timeout_s,
+                scheme=d.scheme, family=d.family, on_change=pool.set_endpoints,
+            )
+            await disc.resolve_once()
+            disc.start()
+            started.append(disc)
+    return started
