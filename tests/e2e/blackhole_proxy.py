@@ -7,42 +7,23 @@ from __future__ import annotations
 import socket
 import threading
 
+from tests.e2e.tcp_proxy import TcpProxy, close_quietly
 
-class BlackholeProxy:
+
+class BlackholeProxy(TcpProxy):
     """``start()`` listens on 127.0.0.1 (``port``) and forwards to ``target``; ``stop()``."""
 
     def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
+        super().__init__(target)
         self.blackhole = threading.Event()
-        self._srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self._srv.getsockname()[1]
-        self._closed = threading.Event()
-        self._socks: list[socket.socket] = []
-        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> BlackholeProxy:
-        threading.Thread(target=self._accept, daemon=True).start()
-        return self
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._srv.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=2)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._socks += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -55,18 +36,4 @@ class BlackholeProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def stop(self) -> None:
-        self._closed.set()
-        self._srv.close()
-        with self._lock:
-            for s in self._socks:
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            close_quietly(src, dst)

@@ -9,42 +9,24 @@ import socket
 import threading
 import time
 
+from tests.e2e.tcp_proxy import TcpProxy, close_quietly
 
-class IdleTimeoutProxy:
+
+class IdleTimeoutProxy(TcpProxy):
     """``start()`` listens on 127.0.0.1 (``port``, bound by the OS) and forwards every
     connection to ``target`` (host, port); ``stop()`` closes everything."""
 
     def __init__(self, target: tuple[str, int], idle_s: float) -> None:
-        self.target, self.idle_s = target, idle_s
+        super().__init__(target)
+        self.idle_s = idle_s
         self.cut = 0
-        self._srv = socket.create_server(("127.0.0.1", 0))
-        self.port = self._srv.getsockname()[1]
-        self._closed = threading.Event()
-        self._socks: list[socket.socket] = []
-        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> IdleTimeoutProxy:
-        threading.Thread(target=self._accept, daemon=True).start()
-        return self
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._srv.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=2)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._socks += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
 
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         """Both directions on one thread; closes both after ``idle_s`` without a byte."""
@@ -73,18 +55,4 @@ class IdleTimeoutProxy:
             return
         finally:
             sel.close()
-            for s in peer:
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def stop(self) -> None:
-        self._closed.set()
-        self._srv.close()
-        with self._lock:
-            for s in self._socks:
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            close_quietly(*peer)
