@@ -5,24 +5,13 @@ table (one row per SDK, one column per case: pass / FAIL / skip) to that path.""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agents.conftest import agents  # noqa: F401  (the cached npm installs)
-from tests.e2e.stack import Stack
+from tests.agents.conftest import agents, stack  # noqa: F401  (npm installs; one stack a module)
 
 RESULTS: dict[str, dict[str, str]] = {}
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("stack")).start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
