@@ -292,15 +292,19 @@ def test_unhealthy_replica_avoided(env: EnvoyPicker) -> None:
     from Envoy mark it, no request goes there."""
     stack = env.stack
     dead = stack.sims["standard"][0]
+    log = env.stack.tmp / "picker.log"
+    seen = log.stat().st_size  # only what the picker logs after the kill counts
     stack.kill_sim(dead, crash=True)
     try:
-        def ok() -> bool:
-            r = httpx.post(env.base_url + "/v1/chat/completions", timeout=10, json={
-                "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "p"}]})
-            return r.status_code == 200
-        # marked once four requests in a row succeed (the other picks alternate with it)
-        # (a wait for an eventual state, not a latency bound: generous for a loaded machine)
-        assert wait_for(lambda: all(ok() for _ in range(4)), timeout_s=30, interval_s=0.2)
+        # the picker's probes (every 0.3 s, two failures in a row) mark it down and say so in
+        # its log: wait for that state itself (eventual, generous for a loaded machine), not
+        # for lucky picks, which a prefix binding to the live replica can give before it
+        line = f"replica {dead} (".encode()
+
+        def marked() -> bool:
+            return any(line in ln and b"marked unhealthy" in ln
+                       for ln in log.read_bytes()[seen:].splitlines())
+        assert wait_for(marked, timeout_s=30, interval_s=0.2), log.read_text()[-2000:]
         for i in range(8):
             replica, sim = _chat(env, f"avoid {i} {uuid.uuid4().hex}")
             assert sim != dead and _url_of(stack, replica) == sim
