@@ -1,12 +1,14 @@
 """Picker-mode manifests (deploy/k8s/picker): rendered with kustomize, core objects validated
-against the Kubernetes schemas offline (strict), and the Gateway API / Inference Extension
-objects checked for what ties them together: the pool's selector takes both tiers' engine
+against the Kubernetes schemas offline (strict), the Gateway API / Inference Extension objects
+against their projects' published CRD schemas (tests/deploy/crds), and all checked for what ties
+them together: the pool's selector takes both tiers' engine
 pods, its endpoint picker reference names the picker's Service and port, the picker watches
 that same selector with rights to do so, its probes are gRPC health, the route leads to the
 pool, and the picker's config and arguments are accepted by speedgate itself."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 
 import pytest
@@ -14,6 +16,7 @@ import yaml
 
 from gateway.cli import build_parser
 from gateway.config import load_config
+from tests.deploy.crds.validate import SCHEMAS, errors
 from tests.deploy.tools import DEPLOY, system_tool
 
 CRD_KINDS = {"InferencePool", "Gateway", "HTTPRoute"}
@@ -51,6 +54,35 @@ def test_core_objects_valid_against_kubernetes_schemas(objs: list[dict]) -> None
                                          "RoleBinding", "ConfigMap", "Namespace"}
     for o in core:
         kv.validate(o, kv.latest_version(), strict=True)
+
+
+def test_custom_resources_valid_against_published_crds(objs: list[dict]) -> None:
+    """InferencePool, HTTPRoute and Gateway against the CRD schemas their projects publish
+    (tests/deploy/crds: types, enums, required and unknown fields; not the CEL rules)."""
+    custom = [o for o in objs if o["kind"] in CRD_KINDS]
+    assert {(o["apiVersion"], o["kind"]) for o in custom} == set(SCHEMAS)
+    for o in custom:
+        assert errors(o) == [], (o["kind"], errors(o))
+
+
+@pytest.mark.parametrize(("kind", "spoil", "needle"), [
+    # the v1alpha2 field name, gone in v1
+    ("InferencePool", lambda s: s.update(targetPort=8000), "'targetPort' was unexpected"),
+    ("InferencePool", lambda s: s["endpointPickerRef"].update(failureMode="FailSoft"),
+     "'FailSoft' is not one of"),
+    ("InferencePool", lambda s: s.pop("selector"), "'selector' is a required"),
+    ("HTTPRoute", lambda s: s["rules"][0]["backendRefs"][0].update(port="80"),
+     "'80' is not of type 'integer'"),
+    ("Gateway", lambda s: s["listeners"][0].update(protocol=7), "7 is not of type"),
+])
+def test_the_crd_check_refuses_a_spoiled_manifest(objs: list[dict], kind: str, spoil,
+                                                 needle: str) -> None:
+    """The check can fail: a field the CRD does not declare, a value outside an enum, a
+    missing required field and a wrong type are each reported."""
+    o = copy.deepcopy(one(objs, kind))
+    spoil(o["spec"])
+    found = errors(o)
+    assert found and any(needle in e for e in found), found
 
 
 def test_pool_holds_both_tiers_and_points_at_the_picker(objs: list[dict]) -> None:
