@@ -20,6 +20,10 @@ are the API's ``error`` event. The response object is rewritten: ``model`` back 
 client's name, ``service_tier`` the tier that served, ``previous_response_id`` as the client
 sent it.
 
+Mid-stream resume (``responses_resume``): a stream broken inside a message item's text is
+continued through the engine's ``/v1/chat/completions`` (``continuation_path``) and spliced
+into the client's stream; the codec's ``framing`` keeps what that needs.
+
 State (``responses_state.ResponsesState``, attribute ``state``): stored responses expand
 ``previous_response_id`` and answer ``GET``/``DELETE /v1/responses/{id}``; responses in flight
 on this process can be cancelled (``POST /v1/responses/{id}/cancel``).

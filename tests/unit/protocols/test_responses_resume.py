@@ -7,12 +7,22 @@ from __future__ import annotations
 import orjson
 
 from gateway.common.sse import SSEEvent
-from gateway.protocols.base import CONTENT, DONE, ERROR, FRAME, HEAD_CONTENT, HEAD_FRAME, SKIP
-from gateway.protocols.base import Rewrite, StreamCodec
+from gateway.protocols.base import (
+    CONTENT,
+    DONE,
+    ERROR,
+    FRAME,
+    HEAD_CONTENT,
+    HEAD_FRAME,
+    SKIP,
+    Rewrite,
+    StreamCodec,
+)
 from gateway.protocols.body import ParsedBody
 from gateway.protocols.openai_splice import Usage, summed_usage
 from gateway.protocols.response_store import MemoryResponseStore
 from gateway.protocols.responses import ResponsesProtocol
+from gateway.protocols.responses_resume import ResponsesSplice
 
 P = ResponsesProtocol(MemoryResponseStore(ttl_s=60, max_record_bytes=1 << 20, max_entries=10))
 REWRITE = Rewrite(served_model="served", client_model="client", tier="fast")
@@ -218,8 +228,9 @@ def test_splice_divergence_and_tool_calls_are_errors() -> None:
     b = body()
     codec, relayed = opened_stream(b)
     splice = codec.continuation(P.resume_point(b, relayed), [3])
+    assert isinstance(splice, ResponsesSplice)
     verdict, out = splice.event(chunk(" wander"))
-    assert verdict == ERROR and getattr(splice, "diverged") is True
+    assert verdict == ERROR and splice.diverged is True
     assert payloads(out)[0]["type"] == "error" and payloads(out)[0]["sequence_number"] == 9
     splice = codec.continuation(P.resume_point(b, relayed), [3])
     assert splice.event(chunk(tool_calls=[{"index": 0}]))[0] == ERROR
