@@ -38,12 +38,12 @@ import orjson
 
 from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UpstreamError, stream_error
-from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec, named_event
+from gateway.errors import GatewayError
+from gateway.protocols.base import ResumePoint, StreamCodec, named_event
 from gateway.protocols.body import ParsedBody
 from gateway.protocols.errors import RESPONSES_ERRORS
 from gateway.protocols.openai_resume import heal_tail
-from gateway.protocols.openai_splice import delta_reasoning, summed_usage
+from gateway.protocols.text_splice import TextSplice
 from gateway.telemetry.tokencount import count_text
 
 #: the engine's chat path the continuation is sent to (module docstring)
@@ -234,28 +234,21 @@ def continuation_body(
     return orjson.dumps(out)
 
 
-class ResponsesSplice(StreamCodec):
+class ResponsesSplice(TextSplice):
     """Codec of a chat-completions continuation spliced into a Responses stream (module
-    docstring): each ``delta.content`` becomes a ``response.output_text.delta`` on the cut
-    item, numbered after ``framing.seq`` (the event's payload is replaced by it, so
-    ``relayed`` holds Responses events only and a later break is read as the first one); the
-    healed tail the client already has is dropped (``diverged`` when the output starts
-    otherwise: the relay continues again, carrying the whole text); the finish ends the item
-    and the response (``_ending``; ``final`` is that response object, also set on ``root``,
-    the stream's first codec, whose ``final`` the handler stores). A tool call or reasoning in
-    the continuation is an error event (the cut item is text; no exact splice exists)."""
+    docstring; ``TextSplice``): each new piece of ``delta.content`` becomes a
+    ``response.output_text.delta`` on the cut item, numbered after ``framing.seq``; the finish
+    ends the item and the response (``ending_events``; ``final`` is that response object, also
+    set on ``root``, the stream's first codec, whose ``final`` the handler stores)."""
 
-    __slots__ = ("carried", "diverged", "framing", "pending", "root", "stop", "text")
+    __slots__ = ("framing", "root", "text")
+    cut = "message"
 
     def __init__(self, root: StreamCodec, framing: Framing, point: ResumePoint,
                  carried: list[int]) -> None:
-        super().__init__()
+        super().__init__(point, carried)
         self.root, self.framing = root, framing
-        self.carried = list(carried)
-        self.pending = point.heal
         self.text = point.text  # the cut item's whole text as the client has it
-        self.diverged = False
-        self.stop: str | None = None
 
     def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
         return ResponsesSplice(self.root, self.framing, point, carried)
@@ -266,56 +259,18 @@ class ResponsesSplice(StreamCodec):
     def error_event(self, err: GatewayError) -> bytes:
         return RESPONSES_ERRORS.event(err, self.framing.seq + 1)
 
-    def _fail(self, err: GatewayError) -> tuple[int, bytes]:
-        self.error = err
-        return ERROR, self.error_event(err)
-
     def _event(self, kind: str, fields: dict[str, Any]) -> tuple[bytes, bytes]:
         """``(payload, SSE event)`` of one event numbered next."""
         self.framing.seq += 1
         data = orjson.dumps({"type": kind, "sequence_number": self.framing.seq, **fields})
         return data, named_event(kind, data)
 
-    def event(self, ev: SSEEvent) -> tuple[int, bytes]:
-        if ev.is_done:
-            return DONE, self._ending()
-        try:
-            doc = orjson.loads(ev.data or b"")
-        except orjson.JSONDecodeError:
-            doc = None
-        if not isinstance(doc, dict):
-            return self._fail(UpstreamError("engine sent a malformed event mid-stream"))
-        choices = doc.get("choices")
-        if "error" in doc and not choices:
-            return self._fail(stream_error(doc))
-        if isinstance(doc.get("usage"), dict):
-            last = Usage.from_openai(doc["usage"])
-            if last is not None:
-                self.usage = summed_usage(last, self.carried)
-        if not isinstance(choices, list) or not choices:
-            return (DONE, self._ending()) if self.stop is not None and self.usage else (SKIP, b"")
-        c = choices[0] if isinstance(choices[0], dict) else {}
-        delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
-        if delta.get("tool_calls") or delta_reasoning(delta):
-            return self._fail(UpstreamError(
-                "the continuation of a message produced a tool call or reasoning"))
-        text = delta.get("content") if isinstance(delta.get("content"), str) else ""
-        if self.pending and text:
-            n = min(len(self.pending), len(text))
-            if text[:n] != self.pending[:n]:
-                self.diverged = True
-                return self._fail(UpstreamError(
-                    "the continuation's output diverged from the text already relayed"))
-            self.pending, text = self.pending[n:], text[n:]
-        if c.get("finish_reason") is not None:
-            self.stop = str(c["finish_reason"])
-        if not text:
-            return SKIP, b""
+    def text_event(self, text: str, ev: SSEEvent) -> bytes:
         self.text += text
         data, event = self._event("response.output_text.delta", {
             **self._at(), "delta": text, "logprobs": []})
         ev.data = data  # what the client gets: ``relayed`` keeps it (a later resume reads it)
-        return CONTENT, event
+        return event
 
     def _at(self) -> dict[str, Any]:
         """The cut part's address: ``item_id``, ``output_index``, ``content_index``."""
@@ -323,7 +278,7 @@ class ResponsesSplice(StreamCodec):
         return {"item_id": opened["item"].get("id"), "output_index": opened["output_index"],
                 "content_index": opened["content_index"]}
 
-    def _ending(self) -> bytes:
+    def ending_events(self) -> bytes:
         """``output_text.done``, ``content_part.done``, ``output_item.done`` and
         ``response.completed`` for the client; sets ``final`` (here and on ``root``)."""
         at = self._at()
@@ -340,7 +295,7 @@ class ResponsesSplice(StreamCodec):
         self.framing.items.append(item)
         self.framing.open = None
         resp = dict(self.framing.response or {"object": "response"})
-        incomplete = self.stop == "length"
+        incomplete = self.finish is not None and self.finish[0] == "length"
         resp.update(output=list(self.framing.items),
                     status="incomplete" if incomplete else "completed",
                     incomplete_details={"reason": "max_output_tokens"} if incomplete else None)
