@@ -222,10 +222,7 @@ def continuation_body(
         for t in doc.get("tools") or () if isinstance(t, dict) and t.get("type") == "function"]
     if tools:
         out["tools"] = tools
-        choice = doc.get("tool_choice", "auto")
-        if isinstance(choice, dict) and choice.get("type") == "function":
-            choice = {"type": "function", "function": {"name": choice.get("name")}}
-        out["tool_choice"] = choice if isinstance(choice, str | dict) else "auto"
+        out["tool_choice"] = _tool_choice(doc.get("tool_choice"))
     effort = doc.get("reasoning")
     if isinstance(effort, dict) and isinstance(effort.get("effort"), str):
         out["reasoning_effort"] = effort["effort"]
@@ -313,6 +310,17 @@ def usage_object(u: Usage) -> dict[str, Any]:
     return {"input_tokens": u.prompt, "input_tokens_details": {"cached_tokens": u.cached},
             "output_tokens": u.completion, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt + u.completion}
+
+
+def _tool_choice(choice: Any) -> str | dict[str, Any]:
+    """A Responses ``tool_choice`` in chat's words: ``auto``/``none``/``required`` as is, a
+    function (``{"type": "function", "name"}``) as chat's ``{"type": "function", "function":
+    {"name"}}``; anything else (hosted tools, ``allowed_tools``) ``auto``."""
+    if choice in ("auto", "none", "required"):
+        return str(choice)
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return "auto"
 
 
 def _text(content: Any) -> str:

@@ -158,6 +158,12 @@ def test_continuation_body_is_vllms_chat_conversion_continuing_the_text() -> Non
     for gone in ("input", "instructions", "store", "include", "max_output_tokens", "reasoning",
                  "request_id"):
         assert gone not in doc
+    forced = body(tool_choice={"type": "function", "name": "ls"}, tools=b.doc["tools"])
+    doc = orjson.loads(P.continuation_body(forced, "served", point))
+    assert doc["tool_choice"] == {"type": "function", "function": {"name": "ls"}}
+    assert "max_tokens" not in doc  # the client set no max_output_tokens
+    hosted = body(tool_choice={"type": "web_search"}, tools=b.doc["tools"])
+    assert orjson.loads(P.continuation_body(hosted, "served", point))["tool_choice"] == "auto"
 
 
 def payloads(out: bytes) -> list[dict]:
@@ -241,3 +247,20 @@ def test_head_kind_reads_a_continuations_chat_chunks() -> None:
     assert P.head_kind(chunk("x")) == (HEAD_CONTENT, None)
     assert P.head_kind(ev("response.created", 0, response=RESP))[0] == HEAD_FRAME
     assert P.codec(body(), REWRITE).event(ev("response.created", 0, response=RESP))[0] == FRAME
+
+
+def test_continuation_carries_the_expanded_previous_turns() -> None:
+    """With ``previous_response_id`` expanded by the gateway (``Turn.full_input``) the
+    continuation's conversation holds the earlier turns, not only this request's input."""
+    b = body(previous_response_id="resp_0", input="and then?")
+    b.ext.full_input = [
+        {"type": "message", "role": "user", "content": "first"},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "answer one"}]},
+        {"type": "message", "role": "user", "content": "and then?"},
+    ]
+    _, relayed = opened_stream(b)
+    doc = orjson.loads(P.continuation_body(b, "served", P.resume_point(b, relayed)))
+    assert [m["content"] for m in doc["messages"]] == [
+        "first", "answer one", "and then?", "Hello"]
+    assert "previous_response_id" not in doc
