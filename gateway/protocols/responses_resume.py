@@ -30,7 +30,6 @@ break cut a reasoning item: its content and ``encrypted_content`` are the engine
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,7 +84,7 @@ class Framing:
         if type(seq) is int:
             self.seq = seq
         if kind == "response.created" and isinstance(doc.get("response"), dict):
-            self.response = copy.deepcopy(doc["response"])
+            self.response = doc["response"]  # parsed for this event alone: kept as is
         elif kind == "response.output_item.added":
             item = doc.get("item")
             if isinstance(item, dict) and item.get("type") == "message":
