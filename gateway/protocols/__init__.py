@@ -31,9 +31,14 @@ Public surface:
   ``response.usage``, gateway-owned ``previous_response_id`` state (``response_store``:
   ``MemoryResponseStore``, ``RedisResponseStore``) and the in-flight table for ``cancel``;
 - ``responses_items``: Responses input items → chat-shaped conversation, output text;
+- ``responses_resume``: mid-stream resume of a Responses stream (``resume_point``, the
+  codec's ``Framing``, the chat-completions ``continuation_body``, the ``ResponsesSplice``
+  codec);
 - ``messages``: ``MessagesProtocol`` (Anthropic ``/v1/messages``) and
   ``CountTokensProtocol`` (``/v1/messages/count_tokens``);
 - ``messages_resume``: mid-stream resume of a Messages stream (``resume_point``, the
   chat-completions ``continuation_body``, the ``MessagesSplice`` codec);
+- ``text_splice``: ``TextSplice``, what the Messages and Responses splices of a
+  chat-completions continuation share;
 - ``registry``: ``build_protocols`` (path → protocol for the app).
 """

@@ -114,8 +114,9 @@ class ResumePoint:
     (a finish reason was relayed), ``echo``, ``prompt`` (not a single text prompt),
     ``structured-output`` (a JSON schema, regex, choice or grammar constrains the output: the
     engine's grammar would start again at the continuation, so the whole would not match);
-    Messages adds ``thinking`` (the break cut a thinking block) and ``block-closed`` (the cut
-    text block was already closed for the client, ``StreamCodec.resume_blocker``).
+    Messages and Responses add ``thinking`` (the break cut a thinking block / reasoning item)
+    and ``block-closed`` (the cut text block / message item was already closed for the client,
+    ``StreamCodec.resume_blocker``).
     ``complete``: a finish reason was relayed for every one of the request's choices (the
     engine ended the generation; only its usage report and end marker can be missing).
     ``heal``: the end of the relayed ``heal_field`` text (``content`` or ``reasoning``) left out

@@ -30,13 +30,12 @@ from typing import Any
 import orjson
 
 from gateway.common.sse import SSEEvent
-from gateway.common.usage import Usage
-from gateway.errors import GatewayError, UpstreamError, stream_error
-from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec, named_event
+from gateway.errors import GatewayError
+from gateway.protocols.base import ResumePoint, StreamCodec, named_event
 from gateway.protocols.body import ParsedBody
 from gateway.protocols.errors import ANTHROPIC_ERRORS
 from gateway.protocols.openai_resume import heal_tail
-from gateway.protocols.openai_splice import delta_reasoning, summed_usage
+from gateway.protocols.text_splice import TextSplice
 from gateway.telemetry.tokencount import count_text
 
 #: the engine's chat path the continuation is sent to (module docstring)
@@ -205,26 +204,19 @@ def continuation_body(
     return orjson.dumps(out)
 
 
-class MessagesSplice(StreamCodec):
-    """Codec of a chat-completions continuation spliced into a Messages stream: each
-    ``delta.content`` becomes a ``text_delta`` on the cut block (index ``int(point.id)``; the
-    event's payload is replaced by it, so ``relayed`` holds Messages events only and a later
-    break is read as the first one), the
-    healed tail the client already has dropped (``diverged`` when the output starts otherwise:
-    the relay continues again, carrying the whole text); the finish becomes one
-    ``content_block_stop``, ``message_delta`` (``stop_reason`` as vLLM maps it, usage the sum of
-    the attempts, ``summed_usage``) and ``message_stop``. A tool call or reasoning in the
-    continuation is an error event (the cut block is text; no exact splice exists)."""
+class MessagesSplice(TextSplice):
+    """Codec of a chat-completions continuation spliced into a Messages stream
+    (``TextSplice``): each new piece of ``delta.content`` becomes a ``text_delta`` on the cut
+    block (index ``int(point.id)``); the finish becomes one ``content_block_stop``,
+    ``message_delta`` (``stop_reason`` as vLLM maps it, usage the sum of the attempts,
+    ``summed_usage``) and ``message_stop``."""
 
-    __slots__ = ("carried", "diverged", "index", "pending", "stop")
+    __slots__ = ("index",)
+    cut = "text block"
 
     def __init__(self, point: ResumePoint, carried: list[int]) -> None:
-        super().__init__()
-        self.carried = list(carried)
+        super().__init__(point, carried)
         self.index = int(point.id or 0)
-        self.pending = point.heal
-        self.diverged = False
-        self.stop: tuple[str, str | None] | None = None
 
     def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
         return MessagesSplice(point, carried)
@@ -232,56 +224,17 @@ class MessagesSplice(StreamCodec):
     def error_event(self, err: GatewayError) -> bytes:
         return ANTHROPIC_ERRORS.event(err, 0)
 
-    def _fail(self, err: GatewayError) -> tuple[int, bytes]:
-        self.error = err
-        return ERROR, self.error_event(err)
-
-    def event(self, ev: SSEEvent) -> tuple[int, bytes]:
-        if ev.is_done:
-            return DONE, self._ending()
-        try:
-            doc = orjson.loads(ev.data or b"")
-        except orjson.JSONDecodeError:
-            doc = None
-        if not isinstance(doc, dict):
-            return self._fail(UpstreamError("engine sent a malformed event mid-stream"))
-        choices = doc.get("choices")
-        if "error" in doc and not choices:
-            return self._fail(stream_error(doc))
-        if isinstance(doc.get("usage"), dict):
-            last = Usage.from_openai(doc["usage"])
-            if last is not None:
-                self.usage = summed_usage(last, self.carried)
-        if not isinstance(choices, list) or not choices:
-            return (DONE, self._ending()) if self.stop is not None and self.usage else (SKIP, b"")
-        c = choices[0] if isinstance(choices[0], dict) else {}
-        delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
-        if delta.get("tool_calls") or delta_reasoning(delta):
-            return self._fail(UpstreamError(
-                "the continuation of a text block produced a tool call or reasoning"))
-        text = delta.get("content") if isinstance(delta.get("content"), str) else ""
-        if self.pending and text:
-            n = min(len(self.pending), len(text))
-            if text[:n] != self.pending[:n]:
-                self.diverged = True
-                return self._fail(UpstreamError(
-                    "the continuation's output diverged from the text already relayed"))
-            self.pending, text = self.pending[n:], text[n:]
-        if c.get("finish_reason") is not None:
-            reason = c["finish_reason"]
-            matched = c.get("stop_reason")
-            self.stop = (("stop_sequence", matched) if isinstance(matched, str)
-                         else (_STOP_REASONS.get(reason, "end_turn"), None))
-        if not text:
-            return SKIP, b""
+    def text_event(self, text: str, ev: SSEEvent) -> bytes:
         data = orjson.dumps({"type": "content_block_delta", "index": self.index,
                              "delta": {"type": "text_delta", "text": text}})
         ev.data = data  # what the client gets: ``relayed`` keeps it (a later resume reads it)
-        return CONTENT, named_event("content_block_delta", data)
+        return named_event("content_block_delta", data)
 
-    def _ending(self) -> bytes:
+    def ending_events(self) -> bytes:
         """``content_block_stop``, ``message_delta`` and ``message_stop`` for the client."""
-        stop, sequence = self.stop or ("end_turn", None)
+        reason, matched = self.finish or ("stop", None)
+        stop, sequence = (("stop_sequence", matched) if matched is not None
+                          else (_STOP_REASONS.get(reason, "end_turn"), None))
         delta: dict[str, Any] = {"type": "message_delta",
                                  "delta": {"stop_reason": stop, "stop_sequence": sequence}}
         if self.usage is not None:

@@ -20,6 +20,10 @@ are the API's ``error`` event. The response object is rewritten: ``model`` back 
 client's name, ``service_tier`` the tier that served, ``previous_response_id`` as the client
 sent it.
 
+Mid-stream resume (``responses_resume``): a stream broken inside a message item's text is
+continued through the engine's ``/v1/chat/completions`` (``continuation_path``) and spliced
+into the client's stream; the codec's ``framing`` keeps what that needs.
+
 State (``responses_state.ResponsesState``, attribute ``state``): stored responses expand
 ``previous_response_id`` and answer ``GET``/``DELETE /v1/responses/{id}``; responses in flight
 on this process can be cancelled (``POST /v1/responses/{id}/cancel``).
@@ -45,6 +49,7 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     Protocol,
+    ResumePoint,
     Rewrite,
     StreamCodec,
     json_object,
@@ -52,6 +57,7 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.body import ParsedBody, load_json_object, splice_model
 from gateway.protocols.errors import RESPONSES_ERRORS, ErrorShape
+from gateway.protocols.openai_chat import is_content as chat_is_content
 from gateway.protocols.response_store import ResponseStore
 from gateway.protocols.responses_items import (
     DELTA_EVENTS,
@@ -59,6 +65,13 @@ from gateway.protocols.responses_items import (
     event_text,
     input_items,
     output_items_text,
+)
+from gateway.protocols.responses_resume import (
+    CONTINUATION_PATH,
+    Framing,
+    ResponsesSplice,
+    continuation_body,
+    resume_point,
 )
 from gateway.protocols.responses_state import ResponsesState, Turn
 from gateway.telemetry.record import RequestRecord
@@ -99,15 +112,16 @@ def _engine_error(doc: dict[str, Any]) -> UpstreamError:
 
 
 class ResponsesStream(StreamCodec):
-    """One Responses stream (module docstring); ``seq`` is the last ``sequence_number`` seen,
-    so a gateway error event continues the numbering."""
+    """One Responses stream (module docstring); ``framing`` is what it relayed of the
+    stream's framing (``responses_resume.Framing``: the last ``sequence_number`` seen, so a
+    gateway error event continues the numbering, and what a mid-stream resume continues)."""
 
-    __slots__ = ("previous_id", "rewrite", "seq")
+    __slots__ = ("framing", "previous_id", "rewrite")
 
     def __init__(self, rewrite: Rewrite, previous_id: str | None) -> None:
         super().__init__()
         self.rewrite, self.previous_id = rewrite, previous_id
-        self.seq = -1
+        self.framing = Framing()
 
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
         data = ev.data
@@ -117,15 +131,16 @@ class ResponsesStream(StreamCodec):
             self.error = UpstreamError("engine sent a malformed event mid-stream")
             return ERROR, self.error_event(self.error)
         kind = doc.get("type")
-        seq = doc.get("sequence_number")
-        if type(seq) is int:
-            self.seq = seq
         if kind in DELTA_EVENTS:
+            seq = doc.get("sequence_number")
+            if type(seq) is int:
+                self.framing.seq = seq
             return CONTENT, named_event(kind, data)
         resp = doc.get("response")
         if isinstance(resp, dict):
             _rewrite_response(resp, self.rewrite, self.previous_id)
             data = orjson.dumps(doc)
+            self.framing.observe(kind, doc)
             if kind in TERMINAL:
                 self.usage = responses_usage(resp.get("usage"))
                 if kind == "response.failed":
@@ -137,6 +152,7 @@ class ResponsesStream(StreamCodec):
         if kind == "error" or (kind is None and "error" in doc):
             self.error = _engine_error(doc)
             return ERROR, self.error_event(self.error)
+        self.framing.observe(kind, doc)
         if kind == "response.output_item.added":
             item = doc.get("item")
             if isinstance(item, dict) and item.get("type") not in ("message", "reasoning"):
@@ -144,7 +160,13 @@ class ResponsesStream(StreamCodec):
         return FRAME, named_event(kind, data)
 
     def error_event(self, err: GatewayError) -> bytes:
-        return RESPONSES_ERRORS.event(err, self.seq + 1)
+        return RESPONSES_ERRORS.event(err, self.framing.seq + 1)
+
+    def continuation(self, point: ResumePoint, carried: list[int]) -> StreamCodec:
+        return ResponsesSplice(self, self.framing, point, carried)
+
+    def resume_blocker(self, point: ResumePoint) -> str | None:
+        return self.framing.blocker(point)
 
 
 class ResponsesProtocol(Protocol):
@@ -153,6 +175,7 @@ class ResponsesProtocol(Protocol):
     name = "responses"
     prompt_field = "input"
     path = "/v1/responses"
+    continuation_path = CONTINUATION_PATH  # vLLM continues a prefill on chat only
     operation = "chat"
     errors: ErrorShape = RESPONSES_ERRORS
 
@@ -235,6 +258,8 @@ class ResponsesProtocol(Protocol):
         if doc is None:
             return HEAD_MALFORMED, None
         kind = doc.get("type")
+        if kind is None and "choices" in doc:  # a continuation's chat chunk
+            return (HEAD_CONTENT if chat_is_content(doc) else HEAD_FRAME), None
         if kind in _HEAD_FRAMES:
             return HEAD_FRAME, None
         if kind == "error" or (kind is None and "error" in doc):
@@ -268,3 +293,12 @@ class ResponsesProtocol(Protocol):
 
     def json_output_text(self, doc: dict[str, Any]) -> str:
         return output_items_text(doc.get("output"))
+
+    def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
+        return resume_point(body, relayed)
+
+    def continuation_body(
+        self, body: ParsedBody, served_model: str, point: ResumePoint,
+        priority: int | None = None,
+    ) -> bytes:
+        return continuation_body(body, served_model, point, priority, body.ext.full_input)

@@ -143,6 +143,22 @@ def test_replica_reset_mid_answer_resumes_claude(agents: Agents, stack: Stack,
     assert last["outcome"] == "ok" and last["replica"] != lines[-2]["replica"]
 
 
+def test_replica_reset_mid_answer_resumes_codex(agents: Agents, stack: Stack,
+                                               tmp_path: Path) -> None:
+    """The replica serving Codex's final turn (Responses API, ``wire_api = "responses"``)
+    aborts its connection after the answer's first 3 text deltas reached the agent: the
+    gateway continues the message's text on the other replica (mid-stream resume of a
+    Responses stream), Codex exits 0 with the task done and never sees an error."""
+    script = codex_script()
+    script[-1] = {**script[-1], "reset_after_chunks": 3}
+    run, lines, scratch, _ = _run("codex", agents, stack, tmp_path, MODEL, script=script)
+    check_task(run, scratch)
+    assert len(lines) == TURNS and all(e["status"] == "200" for e in lines), lines
+    last = lines[-1]
+    assert last["resumes"] == "1" and int(last["attempts"]) == 2, last
+    assert last["outcome"] == "ok" and last["replica"] != lines[-2]["replica"]
+
+
 def test_unscripted_codex_run_ends(agents: Agents, stack: Stack, tmp_path: Path) -> None:
     """Without a script Codex's loop ends too: the first answer calls its first tool with
     schema-valid arguments (``cmd`` a word: a command that fails), the answer after that tool

@@ -593,22 +593,34 @@ def test_refused_rules_one_inband_error(stack: Stack, extra: dict, path: str) ->
     assert not out["finishes"]
 
 
-def test_responses_streams_end_in_band_messages_streams_resume(stack: Stack) -> None:
-    """A Responses stream's break ends in-band; a Messages stream's break inside its text
-    block continues along the chain (fast A, fast B, standard) into one message whose text
-    is an unbroken generation's."""
+def test_responses_and_messages_streams_resume(stack: Stack) -> None:
+    """A Responses stream's and a Messages stream's break inside their text continue along the
+    chain (fast A, fast B, standard) into one response / one message whose text is an
+    unbroken generation's."""
     body = {"model": FAST, "max_tokens": 100, "stream": True,
             "messages": [{"role": "user", "content": "hi"}]}
+    resp_body = {"model": FAST, "input": "hi", "stream": True, "max_output_tokens": 100}
     whole = _messages_text(_raw_events(stack, "/v1/messages", body))
+    resp_whole = _responses_text(_raw_events(stack, "/v1/responses", resp_body))
     break_fast(stack, reset_after_chunks=4)
-    ev = _raw_events(stack, "/v1/responses", {"model": FAST, "input": "hi", "stream": True})
-    assert sum(e.startswith("data: ") and '"type":"error"' in e.replace(" ", "") for e in ev) == 1
-    assert not any("response.completed" in e for e in ev)
+    ev = _raw_events(stack, "/v1/responses", resp_body)
+    assert not any(e == "event: error" for e in ev)
+    assert sum(e == "event: response.completed" for e in ev) == 1
+    assert _responses_text(ev) == resp_whole and resp_whole
     ev = _raw_events(stack, "/v1/messages", body)
     assert not any(e == "event: error" for e in ev)
     assert sum(e == "event: message_start" for e in ev) == 1
     assert sum(e == "event: message_stop" for e in ev) == 1
     assert _messages_text(ev) == whole and whole
+
+
+def _responses_text(ev: list[str]) -> str:
+    """The text of the ``response.output_text.delta`` events among raw SSE lines."""
+    out = ""
+    for line in ev:
+        if line.startswith("data: ") and '"response.output_text.delta"' in line:
+            out += orjson.loads(line[6:])["delta"]
+    return out
 
 
 def _messages_text(ev: list[str]) -> str:
