@@ -10,7 +10,7 @@ scorer 1.0) and "off" sets the headroom weight to 0. Fit-at-admission is active 
 Per run it reports:
 - requests and errors, and hangs (no answer within ``--timeout-s``);
 - engine preemptions (Δ ``vllm:num_preemptions`` over both replicas);
-- sessions moved for KV room (``kv_placement=moved`` in the access log);
+- sessions moved for KV room (``kv_placement=move`` in the access log);
 - TTFT p50/p95 of the session and interactive classes.
 
 Usage: ``python -m loadtests.bench_kv_capacity [--json]``.
@@ -137,7 +137,7 @@ def run_mode(p: Params, mode: str, tmp: Path) -> dict[str, Any]:
         url = gw.wait_ready("/readyz")
         time.sleep(1.0)  # a few scrapes: the gateway knows each replica's KV pool
         res = asyncio.run(workload(p, url, sims))
-        res["moved"] = log_path.read_text(errors="replace").count("kv_placement=moved")
+        res["moved"] = log_path.read_text(errors="replace").count("kv_placement=move")
         return res
     finally:
         stop_processes(procs)

@@ -141,7 +141,10 @@ class RouteRequest:
     blocks: dict[int, list[bytes]] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)
     tokens: int = 0  # prompt estimate + output cap, for the fit filter (routing.fit); 0 = unknown
-    kv_placement: str | None = None  # "moved" | "waited" when the session's replica was short
+    output_cap: int = 0  # the output tokens it asks for at most (part of ``tokens``)
+    #: "stay" | "move" | "wait" (``routing.kv_placement``) and its figures, for the access log
+    kv_placement: str | None = None
+    kv_figures: str | None = None
 
     @classmethod
     def from_doc(

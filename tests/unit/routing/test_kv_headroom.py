@@ -100,11 +100,11 @@ def test_session_stays_while_its_replica_has_room_moves_when_not_waits_when_none
     pool = _pool(3)
     router = PoolRouter(pool, MemoryRoutingStore(), random.Random(1))
     home = _turn(router, pool, 2_000)
-    assert _turn(router, pool, 2_000) is home and _turn.placement is None  # type: ignore
+    assert _turn(router, pool, 2_000) is home and _turn.placement == "stay"  # type: ignore
     home.inflight_kv_tokens = 15_000  # other requests fill its pool
     moved = _turn(router, pool, 2_000)
-    assert moved is not home and _turn.placement == "moved"  # type: ignore
+    assert moved is not home and _turn.placement == "move"  # type: ignore
     assert router.decisions["kv-headroom"] == 1
     for r in pool.replicas:
         r.inflight_kv_tokens = 15_000  # nowhere has room: stay warm, the engine queues it
-    assert _turn(router, pool, 2_000) is moved and _turn.placement == "waited"  # type: ignore
+    assert _turn(router, pool, 2_000) is moved and _turn.placement == "wait"  # type: ignore
