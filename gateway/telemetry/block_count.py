@@ -78,7 +78,7 @@ class BlockCounts:
                     cum, idx, cut = got
                     start = j + 1
                     break
-        self.hits += start
+            self.hits += start
         new: list[tuple[bytes, tuple[int, int, int]]] = []
         for j in range(start, len(spans)):
             t, _, end, key = spans[j]

@@ -6,10 +6,13 @@ from __future__ import annotations
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from gateway.fleet.pools import Replica
+from gateway.config import load_config
+from gateway.fleet.pools import PoolRegistry, Replica
 from gateway.fleet.rates import DEFAULT_DECODE_TOK_S, DEFAULT_PREFILL_TOK_S, PoolRates
 from gateway.routing.kv_placement import Placement, decide, wait_s
+from gateway.routing.service import RoutingService
 
 NOW = 1000.0
 
@@ -92,3 +95,17 @@ def test_rates_start_at_the_defaults_and_follow_measurements() -> None:
     assert r.decode_tok_s == pytest.approx(50 + 0.2 * (50 - 50))
     r.observe(prompt=5_000, cached=0, completion=50, ttft_s=None, e2e_s=1.0)  # no TTFT
     assert r.prefill_samples == 2
+
+
+def test_placements_are_exported_per_pool_and_choice() -> None:
+    config = load_config(models={"m": {"tiers": {
+        "standard": {"endpoints": ["http://127.0.0.1:9001"], "served_model_name": "m"}}}})
+    pools = PoolRegistry(config)
+    service = RoutingService(config, pools)
+    registry = CollectorRegistry()
+    service.register_metrics(registry)
+    (pool,) = pools.all()
+    pool.router.placements.update({"move": 2, "wait": 1})  # type: ignore[union-attr]
+    got = {c: registry.get_sample_value("speedgate_kv_placements_total",
+                                        {"pool": pool.key, "choice": c}) for c in ("move", "wait")}
+    assert got == {"move": 2.0, "wait": 1.0}
