@@ -51,6 +51,8 @@ async def account(state: GatewayState, ex: Exchange) -> None:
             pool = state.pools.get(rec.model, rec.served_tier)
             if pool is not None:
                 rec.cost_usd = cost_usd(rec.usage, pool.config.prices, rec.flex)
+                u = rec.usage  # the pool's prefill/decode rates (routing.kv_placement)
+                pool.rates.observe(u.prompt, u.cached, u.completion, rec.ttft_s, rec.e2e_s)
     except (Exception, asyncio.CancelledError):
         log.exception("usage accounting failed for request %s", rec.request_id)
     state.metrics.record_request(rec)

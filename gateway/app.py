@@ -118,6 +118,8 @@ def _lifespan(
         bus = cancel_bus(config)  # cancels between gateway replicas (Redis)
         responses.state.attach(upstream, bus, longest_deadline_s(config))
         await tokencount.warm_up(config.telemetry.usage_estimate_encoding)
+        tokencount.configure_cache(config.telemetry.token_count_cache_entries,
+                                   config.telemetry.token_count_block_chars)
         await telemetry.start()
         health.start()
         routing.start()

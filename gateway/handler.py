@@ -212,6 +212,7 @@ class ApiRoute:
         finally:
             if ex.plan.route is not None:  # moved or waited for KV room (the access log)
                 ex.rec.kv_placement = ex.plan.route.kv_placement
+                ex.rec.kv_figures = ex.plan.route.kv_figures
             if keepalive is not None and await keepalive.stop():
                 ex.started, ex.rec.status = True, 200
 

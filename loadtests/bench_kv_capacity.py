@@ -7,13 +7,21 @@ each turn streamed with ``max_tokens=--max-tokens``, beside short interactive re
 runs on fresh replicas share the workload: "on" uses the default routing weights (headroom
 scorer 1.0) and "off" sets the headroom weight to 0. Fit-at-admission is active in both.
 
+``--full``: the issue's size on the time-scaled simulator: 4 replicas of 1.2M KV tokens each
+(``max_model_len`` 1.2M), 20 sessions growing from 50k to 1M words (one simulator token a word)
+over 5 turns, beside short interactive requests; bounded by ``--timeout-s`` per request.
+
 Per run it reports:
 - requests and errors, and hangs (no answer within ``--timeout-s``);
-- engine preemptions (Δ ``vllm:num_preemptions`` over both replicas);
-- sessions moved for KV room (``kv_placement=moved`` in the access log);
+- engine preemptions (Δ ``vllm:num_preemptions`` over the replicas) and the tokens they make
+  the engines prefill again (Δ ``sim_recomputed_tokens``: prompt + output so far);
+- prefilled tokens: prompt tokens the engines computed rather than found cached (Δ
+  ``vllm:prefix_cache_queries`` − ``vllm:prefix_cache_hits``), moves' re-prefills included;
+- turns moved and waited for KV room (``kv_placement=move|wait`` in the access log) and the
+  sessions moved at least once;
 - TTFT p50/p95 of the session and interactive classes.
 
-Usage: ``python -m loadtests.bench_kv_capacity [--json]``.
+Usage: ``python -m loadtests.bench_kv_capacity [--full] [--json]``.
 """
 
 from __future__ import annotations
@@ -21,18 +29,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from engines.procs import stop_processes
 from engines.sim.spawn import spawn_simulator
-from gateway.upstream.load_scraper import PREEMPTIONS, parse_engine_metrics
+from gateway.upstream.load_scraper import (
+    PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    parse_engine_metrics,
+)
 from loadtests._common import pct, start_gateway
 
 MODEL = "mymodel"
@@ -46,13 +61,32 @@ class Params:
     sessions: int = 6
     turns: int = 5
     step_words: int = 1400
+    start_words: int = 0  # words of turn 1 (0: step_words); turn t has start + (t-1) × step
     max_tokens: int = 2000
     interactive: int = 5
     big_tokens: int = 40960
     small_tokens: int = 16384
+    replicas: int = 0  # 0: one of big_tokens and one of small_tokens; n: n of big_tokens
     max_model_len: int = 16384
     time_scale: float = 0.05
     timeout_s: float = 60.0
+
+    @classmethod
+    def full(cls) -> Params:
+        """The issue's size: 4 replicas × 1.2M tokens, 20 sessions 50k → 1M over 5 turns."""
+        return cls(sessions=20, turns=5, start_words=50_000, step_words=237_500,
+                   max_tokens=500, interactive=10, big_tokens=1_200_000, replicas=4,
+                   max_model_len=1_200_000, time_scale=0.002, timeout_s=240.0)
+
+    def words(self, turn: int) -> int:
+        """Prompt words of ``turn`` (1-based)."""
+        return (self.start_words or self.step_words) + (turn - 1) * self.step_words
+
+    def kv_sizes(self) -> list[int]:
+        """KV tokens of each replica."""
+        if self.replicas:
+            return [self.big_tokens] * self.replicas
+        return [self.big_tokens, self.small_tokens]
 
 
 async def _stream(http: aiohttp.ClientSession, url: str, words: int, max_tokens: int,
@@ -79,12 +113,21 @@ async def _stream(http: aiohttp.ClientSession, url: str, words: int, max_tokens:
         return "error", None
 
 
-async def _preemptions(http: aiohttp.ClientSession, sims: list[str]) -> float:
-    total = 0.0
+async def _counters(http: aiohttp.ClientSession, sims: list[str]) -> dict[str, float]:
+    """Preemptions, recomputed tokens and prefilled (uncached) prompt tokens, summed over
+    ``sims``."""
+    out = {"preemptions": 0.0, "recomputed_tokens": 0.0, "prefilled_tokens": 0.0}
     for u in sims:
         async with http.get(u + "/metrics") as r:
-            total += parse_engine_metrics(await r.text()).get(PREEMPTIONS, 0.0)
-    return total
+            text = await r.text()
+        values = parse_engine_metrics(text)
+        out["preemptions"] += values.get(PREEMPTIONS, 0.0)
+        out["prefilled_tokens"] += values.get(PREFIX_QUERIES, 0.0) - values.get(PREFIX_HITS, 0.0)
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "sim_recomputed_tokens":
+                out["recomputed_tokens"] += sum(s.value for s in fam.samples
+                                                if s.name.endswith("_total"))
+    return out
 
 
 async def workload(p: Params, gw: str, sims: list[str]) -> dict[str, Any]:
@@ -92,9 +135,9 @@ async def workload(p: Params, gw: str, sims: list[str]) -> dict[str, Any]:
     ttft: dict[str, list[float]] = {"session": [], "interactive": []}
     outcomes: dict[str, int] = {"ok": 0, "error": 0, "hang": 0}
     async with aiohttp.ClientSession() as http:
-        before = await _preemptions(http, sims)
+        before = await _counters(http, sims)
         for turn in range(1, p.turns + 1):
-            jobs = [_stream(http, gw, p.step_words * turn, p.max_tokens, f"agent-{i}",
+            jobs = [_stream(http, gw, p.words(turn), p.max_tokens, f"agent-{i}",
                             p.timeout_s) for i in range(p.sessions)]
             jobs += [_stream(http, gw, 50, 16, f"chat-{turn}-{i}", p.timeout_s)
                      for i in range(p.interactive)]
@@ -103,9 +146,10 @@ async def workload(p: Params, gw: str, sims: list[str]) -> dict[str, Any]:
                 outcomes[outcome] += 1
                 if t is not None:
                     ttft["session" if i < p.sessions else "interactive"].append(t)
-        preempted = await _preemptions(http, sims) - before
+        after = await _counters(http, sims)
     return {
-        "requests": sum(outcomes.values()), **outcomes, "preemptions": int(preempted),
+        "requests": sum(outcomes.values()), **outcomes,
+        **{k: int(after[k] - before[k]) for k in after},
         **{f"ttft_{c}_{q}_s": round(pct(v, x), 4) for c, v in ttft.items()
            for q, x in (("p50", 0.5), ("p95", 0.95))},
     }
@@ -116,7 +160,7 @@ def run_mode(p: Params, mode: str, tmp: Path) -> dict[str, Any]:
     procs = []
     try:
         spawned = []
-        for i, tokens in enumerate((p.big_tokens, p.small_tokens)):
+        for i, tokens in enumerate(p.kv_sizes()):
             args = ("--time-scale", str(p.time_scale), "--kv-cache-tokens", str(tokens),
                     "--max-model-len", str(p.max_model_len), "--preemption")
             spawned.append(spawn_simulator("standard", p.time_scale, i, args, MODEL))
@@ -137,7 +181,12 @@ def run_mode(p: Params, mode: str, tmp: Path) -> dict[str, Any]:
         url = gw.wait_ready("/readyz")
         time.sleep(1.0)  # a few scrapes: the gateway knows each replica's KV pool
         res = asyncio.run(workload(p, url, sims))
-        res["moved"] = log_path.read_text(errors="replace").count("kv_placement=moved")
+        log = log_path.read_text(errors="replace")
+        moved = [line for line in log.splitlines() if "kv_placement=move" in line]
+        res["moved"] = len(moved)
+        res["waited"] = log.count("kv_placement=wait")
+        res["sessions_moved"] = len({m.group(1) for line in moved
+                                     if (m := re.search(r"session_id=(\S+)", line))})
         return res
     finally:
         stop_processes(procs)
@@ -146,15 +195,18 @@ def run_mode(p: Params, mode: str, tmp: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     """Run "on" then "off" and print the figures (a table, or JSON with ``--json``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    d = Params()
-    for name in ("sessions", "turns", "step_words", "max_tokens", "interactive", "big_tokens",
-                 "small_tokens", "max_model_len"):
-        ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    ap.add_argument("--time-scale", type=float, default=d.time_scale)
-    ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
+    ints = ("sessions", "turns", "step_words", "start_words", "max_tokens", "interactive",
+            "big_tokens", "small_tokens", "replicas", "max_model_len")
+    for name in ints:
+        ap.add_argument("--" + name.replace("_", "-"), type=int)
+    ap.add_argument("--time-scale", type=float)
+    ap.add_argument("--timeout-s", type=float)
+    ap.add_argument("--full", action="store_true", help="the issue's size (Params.full)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    p = Params(**{k: v for k, v in vars(a).items() if k != "json"})
+    base = Params.full() if a.full else Params()
+    given = {k: v for k, v in vars(a).items() if k not in ("json", "full") and v is not None}
+    p = replace(base, **given)
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
         results = {mode: run_mode(p, mode, Path(tmp)) for mode in ("on", "off")}
     if a.json:

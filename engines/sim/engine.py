@@ -309,6 +309,7 @@ class Engine:
         self.waiting.push_front(victim)
         self.stats.preemptions += 1
         self.metrics.preemptions.inc()
+        self.metrics.sim_recomputed.inc(victim.prompt_tokens + victim.generated)
 
     def _emit(self, decoding: list[Sequence], prefilled: list[Sequence]) -> None:
         """Hand out this step's tokens; finish sequences that reached their length."""

@@ -10,7 +10,8 @@ speculative mode ``vllm:spec_decode_num_drafts``, ``vllm:spec_decode_num_draft_t
 recompute) and the info gauge ``vllm:cache_config_info`` (value 1; the cache config as labels,
 ``num_gpu_blocks``, ``block_size``, ``cache_dtype`` among them: ``log_metrics_info``).
 Simulator-only: ``sim_requests``,
-``sim_aborted_requests`` (the client disconnected before the end).
+``sim_aborted_requests`` (the client disconnected before the end), ``sim_recomputed_tokens``
+(tokens that sequences preempted by recompute must prefill again: prompt + output so far).
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ class SimMetrics:
         self.sim_aborted = Counter(
             "sim_aborted_requests",
             "Requests whose client disconnected before the end.",
+            ["model_name"],
+            registry=reg,
+        ).labels(model_name)
+        self.sim_recomputed = Counter(
+            "sim_recomputed_tokens",
+            "Tokens preempted sequences must prefill again (prompt + output so far).",
             ["model_name"],
             registry=reg,
         ).labels(model_name)

@@ -26,6 +26,7 @@ async def fit_replicas(
     if not protocol.generates or not limits_known(plan.chain):
         return
     cap = output_cap(body.conversation)
+    route.output_cap = cap
     if raw_size + cap <= smallest_capacity(plan.chain):
         route.tokens = raw_size // 4 + cap
         return

@@ -8,6 +8,7 @@
 - ``urls``: ``redact_url`` (credentials out of URLs before they reach a log or a label);
 - ``sse``: the SSE wire format, ``SSEParser`` (whole events from a byte stream) and
   ``encode_event``;
+- ``blocks``: ``block_spans`` (prefix blocks and their chain hashes: routing and token counts);
 - ``usage``: ``Usage``, a request's token counts (the value type the relay, the access log, cost
   and the usage store share).
 """

@@ -38,6 +38,13 @@ class TelemetryConfig(BaseModel):
     usage_estimate_encoding: Literal["cl100k_base", "o200k_base"] = Field(
         "cl100k_base", description="tiktoken encoding for usage the engine did not report"
     )
+    token_count_cache_entries: int = Field(
+        131_072, ge=1, description="Prefix blocks whose token counts are cached (LRU; ~200 "
+        "bytes each: the default is ~26 MB, 64 sessions of 1M tokens)",
+    )
+    token_count_block_chars: int = Field(
+        2048, ge=64, description="Characters per prefix block of the token-count cache"
+    )
     access_log_format: Literal["text", "json"] = "text"
 
     @field_validator("otlp_endpoint")

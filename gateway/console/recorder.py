@@ -72,6 +72,9 @@ class ConsoleRecorder:
         self.recent: deque[IncidentRow] = deque(maxlen=cfg.recent_events)
         self.sessions = SessionTable(cfg.max_sessions)
         self.observed = 0
+        #: KV capacity since start: ``refused`` (context_length_exceeded: fits no replica),
+        #: ``tier_dropped`` (context-does-not-fit: served by a later tier), ``move``, ``wait``
+        self.kv: Counter[str] = Counter()
 
     def _ring(self, factory: Callable[[], Any]) -> StepRing[Any]:
         return StepRing(self.window_s, self.step_s, factory)
@@ -86,6 +89,12 @@ class ConsoleRecorder:
         if g is not None:
             g[cls] += 1
         found = incidents_of(rec)
+        if rec.outcome == "context_length_exceeded":
+            self.kv["refused"] += 1
+        if rec.fallback and "context-does-not-fit" in rec.fallback:
+            self.kv["tier_dropped"] += 1
+        if rec.kv_placement in ("move", "wait"):
+            self.kv[rec.kv_placement] += 1
         model = rec.model
         if model is None:
             return

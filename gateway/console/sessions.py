@@ -50,6 +50,9 @@ class SessionStats:
     cached_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    #: prompt + completion tokens of the latest turn: the KV the session holds on its replica
+    #: (what its next turn resends, cached there)
+    last_tokens: int = 0
     tiers: dict[str, int] = field(default_factory=dict)
     _activity: float = 0.0  # decayed requests at ``last_seen``
     _spend: float = 0.0  # decayed USD at ``last_seen``
@@ -82,6 +85,7 @@ class SessionStats:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "completion_tokens": self.completion_tokens,
+            "last_tokens": self.last_tokens,
             "cached_share": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None,
             "cost_usd": round(self.cost_usd, 9),
             "requests_per_min": round(self.requests_per_min(now, half_life_s), 4),
@@ -138,6 +142,8 @@ class SessionTable:
         s.prompt_tokens += prompt
         s.cached_tokens += cached
         s.completion_tokens += completion
+        if prompt or completion:
+            s.last_tokens = prompt + completion
         s.cost_usd += cost_usd
         s._activity += 1.0
         s._spend += cost_usd
@@ -156,8 +162,8 @@ class SessionTable:
 
     def top(self, now: float, within_s: float, n: int, by: str) -> list[SessionStats]:
         """The ``n`` sessions active within ``within_s`` with the highest ``by``:
-        ``requests_per_min`` (most active) or ``usd_per_hour`` (most expensive now); ties by
-        total turns / cost."""
+        ``requests_per_min`` (most active), ``usd_per_hour`` (most expensive now) or
+        ``last_tokens`` (the largest KV footprint); ties by total turns / cost / recency."""
         return top_sessions(self.active(now, within_s), n, by)
 
 
@@ -172,4 +178,5 @@ def top_sessions(sessions: list[SessionStats], n: int, by: str) -> list[SessionS
 _RANKINGS = {
     "requests_per_min": attrgetter("rank_activity", "turns"),
     "usd_per_hour": attrgetter("rank_spend", "cost_usd"),
+    "last_tokens": attrgetter("last_tokens", "last_seen"),  # the largest KV footprints
 }

@@ -20,6 +20,8 @@ Never in it: prompt or completion text, API keys, URL credentials (replica URLs 
   ``ejections_total``, ``consecutive_failures``, ``probation``, ``inflight``, ``load``,
   ``engine``: ``running``, ``waiting``, ``kv_cache_usage`` (None unless scraped lately),
   ``scraped_age_s``, ``fresh``, ``kv_tokens``, ``kv_block_size``, ``kv_free_tokens``,
+  ``kv_headroom_tokens`` (free less this gateway's open requests' prompt + output caps, as
+  routing sees it: ``routing.fit.free_kv_tokens``; None until the capacity is known),
   ``max_model_len``, ``preemptions`` (KV capacity; 0 until learned), ``prefix_cache_hit_rate``,
   ``spec_acceptance_rate``, ``spec_tokens_per_step``, ``over_s`` (``gateway.console.engine``));
   ``tiers.<tier>``: ``requests``, ``ok``, ``errors``, ``client_errors``, ``disconnects``,
@@ -34,7 +36,9 @@ Never in it: prompt or completion text, API keys, URL credentials (replica URLs 
   ``reason``, ``count``, ``share``), ``decisions_total``, ``decisions_since_start``,
   ``series`` (per step: ``t``, ``decisions``, ``fast_share``);
 - ``sessions``: ``active``, ``tracked``, ``evicted``, ``half_life_s``, ``most_active[]`` and
-  ``most_expensive[]`` (``SessionStats.to_dict``);
+  ``most_expensive[]``, ``largest[]`` (by ``last_tokens``, the KV footprint of the latest turn)
+  (``SessionStats.to_dict``), ``kv`` since start: ``refused`` (fits no replica), ``tier_dropped``
+  (served by a later tier for not fitting), ``move``, ``wait`` (``routing.kv_placement``);
 - ``cost``: ``per_pool`` {``usd``, ``usd_per_hour``}, ``usd``, ``usd_per_hour``;
 - ``incidents``: ``totals`` by kind, ``by_reason[]`` (``kind``, ``where``, ``reason``,
   ``count``), ``recent[]`` (newest first: ``t``, ``age_s``, ``request_id``, ``model``,
@@ -57,6 +61,7 @@ from gateway.console.sessions import top_sessions
 from gateway.console.window import PoolStep
 from gateway.fleet.pools import Pool, PoolRegistry, Replica, replica_load
 from gateway.plan.auto.service import AutoTier, pool_load
+from gateway.routing.fit import free_kv_tokens
 
 VERSION = 1
 #: Engine load older than this many scrape intervals is stale (``gateway.upstream.load_scraper``).
@@ -163,6 +168,8 @@ def _replica(src: ConsoleSources, pool: Pool, r: Replica, now: float, wall: floa
             "kv_tokens": r.kv_tokens,
             "kv_block_size": r.kv_block_size,
             "kv_free_tokens": round(r.kv_tokens * (1 - r.kv_cache_usage)) if fresh else None,
+            # what routing sees free: less this gateway's open requests' prompt + output caps
+            "kv_headroom_tokens": free_kv_tokens(r, now),
             "max_model_len": r.max_model_len,
             "preemptions": r.engine_preemptions,
             "scraped_age_s": _r(age, 3),
@@ -318,6 +325,9 @@ def _sessions(src: ConsoleSources, now: float, wall: float) -> dict[str, Any]:
                         for s in top_sessions(active, n, "requests_per_min")],
         "most_expensive": [s.to_dict(now, wall, table.half_life_s)
                            for s in top_sessions(active, n, "usd_per_hour")],
+        "largest": [s.to_dict(now, wall, table.half_life_s)
+                    for s in top_sessions(active, n, "last_tokens") if s.last_tokens],
+        "kv": {k: rec.kv.get(k, 0) for k in ("refused", "tier_dropped", "move", "wait")},
     }
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from gateway.common.urls import redact_url
 from gateway.config import GatewayConfig, PoolConfig, Tier
 from gateway.fleet.outlier import OutlierState, max_ejected, record_failure, record_success
+from gateway.fleet.rates import PoolRates
 from gateway.fleet.retry_budget import RetryBudget
 
 if TYPE_CHECKING:
@@ -61,6 +62,8 @@ class Replica:
     # tokens (prompt + output cap) of this gateway's attempts open on it: what they hold or
     # will still grow into (gateway.routing.fit.free_kv_tokens)
     inflight_kv_tokens: int = 0
+    #: this gateway's open attempts here: id → (KV tokens, output cap tokens, start s monotonic)
+    open_kv: dict[int, tuple[int, int, float]] = field(default_factory=dict)
 
     @property
     def kv_tokens(self) -> int:
@@ -115,6 +118,7 @@ class Pool:
     config: PoolConfig
     replicas: list[Replica] = field(default_factory=list)
     budget: RetryBudget = field(init=False)
+    rates: PoolRates = field(default_factory=PoolRates)  # measured prefill/decode tokens/s
     router: ReplicaRouter | None = None  # set by gateway.routing.service at startup
     # tasks waiting for a slot of this pool to free (``wait_for_slot``), woken by ``release``
     slot_waiters: set[asyncio.Future[None]] = field(default_factory=set, repr=False)
@@ -149,12 +153,14 @@ class Pool:
             and (cap == 0 or r.inflight < cap)
         ]
 
-    def release(self, replica: Replica, kv_tokens: int = 0) -> None:
+    def release(self, replica: Replica, kv_tokens: int = 0, attempt_id: int = 0) -> None:
         """Give back the in-flight slot an attempt held on ``replica`` (one of this pool's):
-        ``inflight`` decremented (and ``inflight_kv_tokens`` by the attempt's ``kv_tokens``),
-        and every ``wait_for_slot`` waiter woken."""
+        ``inflight`` decremented (and ``inflight_kv_tokens`` by the attempt's ``kv_tokens``,
+        its ``open_kv`` entry ``attempt_id`` dropped), and every ``wait_for_slot`` waiter
+        woken."""
         replica.inflight -= 1
         replica.inflight_kv_tokens -= kv_tokens
+        replica.open_kv.pop(attempt_id, None)
         for waiter in self.slot_waiters:
             if not waiter.done():
                 waiter.set_result(None)

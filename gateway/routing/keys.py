@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from gateway.common.blocks import block_spans
 from gateway.common.ids import bounded_id
 
 #: ``session_src`` of the sessions the gateway derives itself (``gateway.admit.session``):
@@ -119,26 +120,10 @@ def affinity_id(session_id: str | None, source: str | None, hint: str | None) ->
 
 
 def block_chain(texts: list[str], chunk_chars: int, max_chars: int) -> list[bytes]:
-    """Chain hashes (8 bytes each) of the blocks of ``texts``: each text cut in
-    ``chunk_chars`` pieces (an empty text is one empty block); block ``i`` covers blocks
-    ``0..i``. Stops after ``max_chars`` characters."""
-    out: list[bytes] = []
-    parent = b""
-    budget = max_chars
-    blake = hashlib.blake2b
-    for text in texts:
-        n = len(text)
-        for i in range(0, n or 1, chunk_chars):
-            piece = text[i : i + chunk_chars]
-            h = blake(parent, digest_size=8)
-            h.update(b"\x1e" if i == 0 else b"\x1f")  # message start vs continuation
-            h.update(piece.encode("utf-8", "surrogatepass"))
-            parent = h.digest()
-            out.append(parent)
-            budget -= len(piece)
-            if budget <= 0:
-                return out
-    return out
+    """Chain hashes (8 bytes each) of the blocks of ``texts`` (``gateway.common.blocks``): each
+    text cut in ``chunk_chars`` pieces (an empty text is one empty block); block ``i`` covers
+    blocks ``0..i``. Stops after ``max_chars`` characters."""
+    return [h for _, _, _, h in block_spans(texts, chunk_chars, max_chars)]
 
 
 @dataclass(slots=True)
@@ -156,7 +141,10 @@ class RouteRequest:
     blocks: dict[int, list[bytes]] = field(default_factory=dict)
     lookups: dict[str, Any] = field(default_factory=dict)
     tokens: int = 0  # prompt estimate + output cap, for the fit filter (routing.fit); 0 = unknown
-    kv_placement: str | None = None  # "moved" | "waited" when the session's replica was short
+    output_cap: int = 0  # the output tokens it asks for at most (part of ``tokens``)
+    #: "stay" | "move" | "wait" (``routing.kv_placement``) and its figures, for the access log
+    kv_placement: str | None = None
+    kv_figures: str | None = None
 
     @classmethod
     def from_doc(

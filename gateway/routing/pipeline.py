@@ -51,6 +51,7 @@ from gateway.routing.filters import not_tried, over_share, overloaded, under_bou
 from gateway.routing.fit import fitting, has_room
 from gateway.routing.hashring import hash_order
 from gateway.routing.keys import RouteRequest, sampled_indices
+from gateway.routing.kv_placement import CHARS_PER_TOKEN, decide
 from gateway.routing.picker import RoundRobin, pick_best, weighted_scores
 from gateway.routing.scorers import ScoreContext
 from gateway.routing.session_ledger import SessionLedger
@@ -73,6 +74,7 @@ class PoolRouter:
         self.rng = rng or random.Random()
         self.round_robin = RoundRobin()
         self.decisions: Counter[str] = Counter()
+        self.placements: Counter[str] = Counter()  # stay | move | wait (kv_placement)
         cfg = pool.config.routing
         # active sessions per replica: this process's ledger, and with Redis the shared one
         # (which keeps this one in step and falls back to it)
@@ -150,9 +152,8 @@ class PoolRouter:
         weights: dict[str, float], now: float,
     ) -> tuple[Replica | None, str | None]:
         """Stay on the session's replica unless it is overloaded, sheds this session, or (with
-        a ``headroom`` weight) has no free KV for this request while another candidate has
-        (``route.kv_placement`` ``"moved"``; none has: it stays and the engine queues it,
-        ``"waited"``); else
+        a ``headroom`` weight) has no free KV for this request and moving it is quicker than
+        waiting (``_place``); else
         (re)bind it under the bounded-load rule on active sessions (see the module
         docstring). Returns the replica and ``"rebalance"`` when the session was shed,
         ``"kv-headroom"`` when it moved for KV room."""
@@ -169,13 +170,10 @@ class PoolRouter:
                 low = min(ctx.loads[r] for r in home)
                 home = [r for r in home if ctx.loads[r] == low]
             if home[0] not in hot:
-                # capacity-aware placement is on with the headroom scorer
-                short = bool(weights.get("headroom")) and not has_room(home[0], ctx.tokens, now)
-                roomy = short and any(has_room(r, ctx.tokens, now) for r in cands
-                                      if r is not home[0] and r not in hot)
-                if short:
-                    route.kv_placement = "moved" if roomy else "waited"
-                if not roomy and not self._sheds(session, home[0], cands, hot, now):
+                moving = False
+                if weights.get("headroom") and ctx.tokens > 0:  # capacity-aware placement
+                    moving = self._place(route, ctx, home[0], [r for r in cands if r not in hot])
+                if not moving and not self._sheds(session, home[0], cands, hot, now):
                     return home[0], None
                 leaving = home[0]
         if self.shared_ledger is not None:  # every gateway's sessions, not only this one's
@@ -185,14 +183,29 @@ class PoolRouter:
         others = [r for r in cands if r is not leaving]
         ctx.sessions = {r: counts.get(r.name, 0) for r in others}
         cool = [r for r in others if r not in hot] or others
-        if route.kv_placement == "moved" and leaving is not None:  # only where it fits
+        if route.kv_placement == "move" and leaving is not None:  # only where it fits
             cool = [r for r in cool if has_room(r, ctx.tokens, now)] or cool
         bounded = [r for r in under_bound(others, ctx.sessions, cfg.bounded_load_c) if r in cool]
         bounded = bounded or cool
         choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
         if leaving is not None:
-            return choice, "kv-headroom" if route.kv_placement == "moved" else "rebalance"
+            return choice, "kv-headroom" if route.kv_placement == "move" else "rebalance"
         return choice, None
+
+    def _place(self, route: RouteRequest, ctx: ScoreContext, home: Replica,
+               cool: list[Replica]) -> bool:
+        """Weigh moving this turn off ``home`` against waiting there (``kv_placement.decide``
+        with the pool's measured rates and each candidate's known prefix depth), record the
+        choice on ``route`` and in ``placements``; True to move."""
+        chunk = self.pool.config.routing.chunk_chars
+        depth = ctx.lookup.depth if ctx.lookup is not None else {}
+        placement, _ = decide(
+            home, [r for r in cool if r is not home], ctx.tokens, route.output_cap,
+            lambda r: depth.get(r.name, 0) * chunk // CHARS_PER_TOKEN, self.pool.rates, ctx.now,
+        )
+        route.kv_placement, route.kv_figures = placement.choice, placement.figures()
+        self.placements[placement.choice] += 1
+        return placement.choice == "move"
 
     def _sheds(
         self, session: str, home: Replica, cands: list[Replica], hot: set[Replica], now: float

@@ -10,7 +10,9 @@ whichever of its users noticed: routing then runs on consistent hashing),
 the longest known prefix), ``session`` (the session's replica), ``new`` (nothing known),
 ``spill`` (affinity given up: the replica overloaded, tried or gone), ``rebalance`` (shed by a
 replica over its share of active sessions, e.g. after an outage), ``hash_fallback``
-(store down), ``round_robin``, ``scored``, ``no_route``.
+(store down), ``round_robin``, ``scored``, ``no_route``;
+``speedgate_kv_placements_total{pool, choice}``: turns weighed for KV room
+(``routing.kv_placement``), ``stay``, ``move`` or ``wait``.
 """
 
 from __future__ import annotations
@@ -139,3 +141,12 @@ class _RoutingCollector(Collector):
                 for reason, n in sorted(pool.router.decisions.items()):
                     d.add_metric([pool.key, reason], float(n))
         yield d
+        k = CounterMetricFamily(
+            "speedgate_kv_placements", "Turns weighed for KV room, by choice (stay, move, wait)",
+            labels=["pool", "choice"],
+        )
+        for pool in s.pools.all():
+            if pool.router is not None:
+                for choice, n in sorted(getattr(pool.router, "placements", {}).items()):
+                    k.add_metric([pool.key, choice], float(n))
+        yield k

@@ -6,7 +6,8 @@
 - ``tracing``: ``Telemetry`` (OpenTelemetry spans per request and attempt, W3C trace context);
   ``otlp_metrics``: the OTLP bridge of the Prometheus registry;
 - ``cost``: ``cost_usd``; ``tokencount``: tiktoken counting offline (usage the engine did not
-  report); ``usage_store``: per-key and per-session totals (memory or Redis);
+  report), ``block_count``: its counts cached per prefix block (turn N+1 encodes only its new
+  blocks); ``usage_store``: per-key and per-session totals (memory or Redis);
 - ``access_log``: the access log line (text or JSON), never a prompt, a completion or a key.
 
 What a finished request feeds to all of them is the last step's, ``gateway.account``.

@@ -73,7 +73,8 @@ def log_request(rec: RequestRecord) -> None:
         f"{rec.cost_usd:.8f}" if rec.cost_usd is not None else None,
         f"{rec.ttft_s:.4f}" if rec.ttft_s is not None else None,
         rec.e2e_s or 0.0,
-        f" kv_placement={rec.kv_placement}" if rec.kv_placement else "",
+        (f" kv_placement={rec.kv_placement}" if rec.kv_placement else "")
+        + (f" {rec.kv_figures}" if rec.kv_figures else ""),
     )
 
 
@@ -98,6 +99,7 @@ def access_fields(rec: RequestRecord) -> dict[str, Any]:
         "auto_reason": rec.auto_reason,
         "fallback": rec.fallback,
         "kv_placement": rec.kv_placement,
+        "kv_figures": rec.kv_figures,
         "replica": rec.replica,
         "stream": rec.stream,
         "attempts": rec.attempts,

@@ -53,9 +53,11 @@ class RequestRecord:
     # (``reason``, ``outcome``, ``rule`` when refused, ``from_tier``, ``to_tier``,
     # ``carried_chars``: the length of the text carried into the continuation)
     resumes: list[dict[str, Any]] = field(default_factory=list)
-    # KV capacity: "moved" (the session's replica had no free KV for it, another had) or
-    # "waited" (none had: it stayed and queues on its replica); None otherwise
+    # KV capacity (routing.kv_placement): "stay" (the session's replica had room), "move"
+    # (it had none and re-prefilling elsewhere was quicker) or "wait" (it stayed and queues);
+    # ``kv_figures`` the seconds weighed ("move_s=… wait_s=…"); None when not weighed
     kv_placement: str | None = None
+    kv_figures: str | None = None
 
     def set_usage(self, usage: Any) -> None:
         """Record an OpenAI ``usage`` object (ignored when absent or malformed)."""

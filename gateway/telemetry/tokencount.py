@@ -39,7 +39,7 @@ import orjson
 import tiktoken
 
 from gateway.common.usage import Usage
-from gateway.telemetry.token_memo import CountMemo
+from gateway.telemetry.block_count import BLOCK_CHARS, MAX_ENTRIES, BlockCounts
 
 EncodingName = Literal["cl100k_base", "o200k_base"]
 DEFAULT_ENCODING: EncodingName = "cl100k_base"
@@ -186,13 +186,21 @@ def _message_texts(message: dict[str, Any]) -> list[str]:
     return texts
 
 
-MEMO = CountMemo()  # counts of long message texts: later turns of a session reuse them
+#: Counts cached per prefix block: later turns of a session encode only their new blocks.
+BLOCKS = BlockCounts()
+
+
+def configure_cache(max_entries: int = MAX_ENTRIES, block_chars: int = BLOCK_CHARS) -> None:
+    """Replace ``BLOCKS`` by an empty cache of at most ``max_entries`` blocks of
+    ``block_chars`` characters (the ``telemetry.token_count_cache_*`` settings; at startup)."""
+    global BLOCKS
+    BLOCKS = BlockCounts(max_entries, block_chars)
 
 
 def count_chat_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAULT_ENCODING) -> int:
     """Prompt tokens of a ``/v1/chat/completions`` request document (``messages``, ``tools``)
-    by the cookbook rule (module docstring). Long message texts are counted once and then
-    remembered (``MEMO``), so each turn of a growing conversation encodes only what is new."""
+    by the cookbook rule (module docstring). The message texts are counted through ``BLOCKS``
+    (per prefix block), so each turn of a growing conversation encodes only what is new."""
     enc = get_encoding(encoding)
     total = 0
 
@@ -201,15 +209,15 @@ def count_chat_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAULT_ENCO
 
     messages = doc.get("messages")
     if isinstance(messages, list):
+        texts: list[str] = []
         for message in messages:
             if not isinstance(message, dict):
                 continue
             total += TOKENS_PER_MESSAGE
-            for text in _message_texts(message):
-                total += MEMO.count(encoding, text, encode_len)
+            texts.extend(_message_texts(message))
             if "name" in message:
                 total += TOKENS_PER_NAME
-        total += REPLY_PRIMING_TOKENS
+        total += REPLY_PRIMING_TOKENS + BLOCKS.count(encoding, texts, encode_len)
     tools = doc.get("tools")
     if tools:
         total += len(enc.encode_ordinary(orjson.dumps(tools).decode()))
@@ -220,8 +228,9 @@ def count_completion_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAUL
     """Prompt tokens of a ``/v1/completions`` request: ``prompt`` as a string, a list of
     strings, a list of token ids or a list of such lists (token ids count as given)."""
     prompt = doc.get("prompt")
-    if isinstance(prompt, str):
-        return count_text(prompt, encoding)
+    if isinstance(prompt, str):  # a growing prompt string: per prefix block too
+        enc = get_encoding(encoding)
+        return BLOCKS.count(encoding, [prompt], lambda t: len(enc.encode_ordinary(t)))
     if not isinstance(prompt, list):
         return 0
     if all(isinstance(p, int) for p in prompt):

@@ -91,6 +91,7 @@ class Attempt:
     #: first content event: a committed stream relays it (``gateway.relay.keepalive``)
     heartbeat: Callable[[], None] | None = None
     kv_tokens: int = 0  # the request's prompt + output cap (routing.fit), 0 = not counted
+    output_cap: int = 0  # of which output tokens (the wait estimate, routing.kv_placement)
     path: str | None = None  # the engine's path when not the protocol's (a continuation's)
 
     @property
@@ -124,7 +125,8 @@ class OpenedResponse:
             return
         self._closed = True
         self.response.close()
-        self.attempt.pool.release(self.attempt.replica, self.attempt.kv_tokens)
+        self.attempt.pool.release(self.attempt.replica, self.attempt.kv_tokens,
+                                     id(self.attempt))
 
 
 async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
@@ -159,6 +161,8 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                                  or attempt.protocol.path)
     attempt.replica.inflight += 1
     attempt.replica.inflight_kv_tokens += attempt.kv_tokens
+    if attempt.kv_tokens:
+        attempt.replica.open_kv[id(attempt)] = (attempt.kv_tokens, attempt.output_cap, t_sent)
     resp: UpstreamResponse | None = None
     try:
         async with asyncio.timeout_at(limit):
@@ -189,7 +193,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     except BaseException as e:
         if resp is not None:
             resp.close()
-        attempt.pool.release(attempt.replica, attempt.kv_tokens)
+        attempt.pool.release(attempt.replica, attempt.kv_tokens, id(attempt))
         if isinstance(e, TimeoutError):
             # which limit was in force, not the clock: timers may fire a little early
             if limit >= attempt.deadline:

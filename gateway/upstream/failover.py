@@ -174,6 +174,7 @@ async def open_with_failover(
                 stream=body.upstream_stream,
                 json_ok=body.assemble,
                 kv_tokens=plan.route.tokens if plan.route is not None else 0,
+                output_cap=plan.route.output_cap if plan.route is not None else 0,
                 deadline=deadline,
                 total_s=total_s,
                 extra_headers=span.headers(),

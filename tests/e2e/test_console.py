@@ -21,7 +21,7 @@ from gateway.config import Prices
 from gateway.console.sketch import RELATIVE_ACCURACY
 from gateway.telemetry.cost import cost_usd
 from tests.e2e.browser import Chromium
-from tests.e2e.helpers import CHAT, metric
+from tests.e2e.helpers import CHAT, metric, wait_for
 from tests.e2e.stack import MODEL, Stack
 
 pytestmark = pytest.mark.e2e
@@ -240,5 +240,60 @@ async def test_the_page_asks_for_an_admin_key_in_a_real_browser(stack: Stack,
         assert ADMIN not in href and href.endswith("/console")
         html = await page.js("document.documentElement.outerHTML")
         assert ADMIN not in html and MARKER not in html
+    finally:
+        await page.close()
+
+
+async def test_the_page_shows_kv_capacity_largest_sessions_and_refusals(
+    stack: Stack, chromium: Chromium
+) -> None:
+    """Headless Chromium: the KV card shows each replica's capacity (as the engine reported it),
+    use and headroom, the largest sessions by footprint, and a request refused for fitting no
+    replica (the gateway's own numbers, from ``/v1/console/state``)."""
+    def learned() -> bool:
+        reps = [r for m in _state(stack).json()["models"] for p in m["pools"]
+                for r in p["replicas"]]
+        return bool(reps) and all(r["engine"]["kv_tokens"] for r in reps)
+
+    assert wait_for(learned, timeout_s=15)  # the scraper read every replica's KV pool
+    with httpx.Client(base_url=stack.base_url, timeout=30) as c:
+        for turn in range(2):
+            _stream(c, MODEL, "kv-largest", turn)
+    body = {"model": MODEL, "max_tokens": 5_000_000,
+            "messages": [{"role": "user", "content": f"{MARKER} too long an answer"}]}
+    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as ac:
+        r = await ac.post(CHAT, json=body, headers={"authorization": f"Bearer {APP}"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    # the request is accounted just after its answer was sent
+    assert wait_for(lambda: _state(stack).json()["sessions"]["kv"]["refused"] >= 1,
+                    timeout_s=10)
+    state = _state(stack).json()
+    largest = {s["session_id"]: s["last_tokens"] for s in state["sessions"]["largest"]}
+    assert largest.get("kv-largest", 0) > 0
+    page = await chromium.new_page()
+    try:
+        await page.navigate(stack.base_url + "/console")
+        await page.wait_for("document.getElementById('keyprompt').hidden === false", timeout_s=15)
+        await page.type_into("#keyinput", ADMIN)
+        await page.js("document.getElementById('keyform').requestSubmit()")
+        await page.wait_for("document.querySelectorAll('tr[data-kv-replica]').length === 4 && "
+                            "Number(document.querySelector('[data-kv-refused]')"
+                            ".dataset.kvRefused) >= 1", timeout_s=15)
+        shown = await page.js(
+            "JSON.stringify([...document.querySelectorAll('tr[data-kv-replica]')].map((tr) => "
+            "[tr.dataset.kvReplica, Number(tr.querySelector('[data-kv-capacity]').dataset."
+            "kvCapacity), tr.querySelector('[data-kv-headroom]').dataset.kvHeadroom]))")
+        want = {r["name"]: r["engine"]["kv_tokens"] for m in state["models"]
+                for p in m["pools"] for r in p["replicas"]}
+        rows = orjson.loads(shown)
+        assert {name: cap for name, cap, _ in rows} == want
+        assert all(headroom != "" and int(headroom) <= want[name] for name, _, headroom in rows)
+        footprint = await page.js(
+            "JSON.stringify([...document.querySelectorAll('table[data-sessions=largest] tbody tr')]"
+            ".map((tr) => [tr.querySelector('td').title, Number(tr.querySelector("
+            "'[data-footprint]').dataset.footprint)]))")
+        assert dict(orjson.loads(footprint))["kv-largest"] == largest["kv-largest"]
+        text = await page.js("document.querySelector('[data-kv]').textContent")
+        assert "refused: fits no replica" in text and MARKER not in text
     finally:
         await page.close()

@@ -93,6 +93,7 @@ def _turn(router: PoolRouter, pool: Pool, tokens: int) -> Replica:
 
     r = asyncio.run(pick())
     _turn.placement = route.kv_placement  # type: ignore[attr-defined]
+    _turn.figures = route.kv_figures  # type: ignore[attr-defined]
     return r
 
 
@@ -100,11 +101,16 @@ def test_session_stays_while_its_replica_has_room_moves_when_not_waits_when_none
     pool = _pool(3)
     router = PoolRouter(pool, MemoryRoutingStore(), random.Random(1))
     home = _turn(router, pool, 2_000)
-    assert _turn(router, pool, 2_000) is home and _turn.placement is None  # type: ignore
+    assert _turn(router, pool, 2_000) is home and _turn.placement == "stay"  # type: ignore
     home.inflight_kv_tokens = 15_000  # other requests fill its pool
     moved = _turn(router, pool, 2_000)
-    assert moved is not home and _turn.placement == "moved"  # type: ignore
+    assert moved is not home and _turn.placement == "move"  # type: ignore
     assert router.decisions["kv-headroom"] == 1
+    # home's pool is held by no attempt this gateway knows the end of: waiting is endless
+    assert _turn.figures.endswith("wait_s=inf")  # type: ignore[attr-defined]
+    assert router.placements["move"] == 1 and router.placements["stay"] == 1  # turn 1: new
     for r in pool.replicas:
         r.inflight_kv_tokens = 15_000  # nowhere has room: stay warm, the engine queues it
-    assert _turn(router, pool, 2_000) is moved and _turn.placement == "waited"  # type: ignore
+    assert _turn(router, pool, 2_000) is moved and _turn.placement == "wait"  # type: ignore
+    assert _turn.figures.startswith("move_s=- ")  # type: ignore[attr-defined]  # nowhere to go
+    assert router.placements["wait"] == 1

@@ -1,0 +1,122 @@
+"""Token counts cached per prefix block: exactly a full encode for any split, and turn N+1 of a
+growing conversation encodes only its new blocks (counted in encoder calls and characters)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.telemetry import tokencount
+from gateway.telemetry.block_count import BlockCounts, safe_cut
+
+WORDS = ["lorem", "ipsum", "dolor", "  ", "\n", "42", "3.14159", "naïve", "日本語テキスト",
+         "don't", "it's", "'ll", "--", "...", "\t", "x=1;", "Ωμέγα", "😀", "  \n ", "1234567"]
+
+
+def _text(rng: random.Random, n_words: int) -> str:
+    return "".join(rng.choice(WORDS) + rng.choice(["", " ", " ", "  "]) for _ in range(n_words))
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+@pytest.mark.parametrize("seed", range(6))
+def test_block_count_equals_a_full_encode_for_random_splits(encoding: str, seed: int) -> None:
+    rng = random.Random(seed)
+    enc = tokencount.get_encoding(encoding)  # type: ignore[arg-type]
+    counts = BlockCounts(block_chars=rng.choice([64, 100, 257, 1000]))
+    whole = _text(rng, 3000)
+    cuts = sorted(rng.sample(range(1, len(whole)), 12))
+    texts = [whole[a:b] for a, b in zip([0, *cuts], [*cuts, len(whole)], strict=True)]
+    want = [len(enc.encode_ordinary(t)) for t in texts]
+    for turn in range(1, len(texts) + 1):  # the conversation grows text by text
+        got = counts.count(encoding, texts[:turn], lambda t: len(enc.encode_ordinary(t)))
+        assert got == sum(want[:turn])
+    # one text growing in place (a completion prompt): every prefix counts exactly
+    grow = BlockCounts(block_chars=rng.choice([64, 300]))
+    for end in sorted(rng.sample(range(1, len(whole)), 8)):
+        got = grow.count(encoding, [whole[:end]], lambda t: len(enc.encode_ordinary(t)))
+        assert got == len(enc.encode_ordinary(whole[:end]))
+
+
+def test_safe_cut_is_a_letter_then_a_space() -> None:
+    assert safe_cut("ab cd ef", 0, 7) == 5  # "ab cd| ef"
+    assert safe_cut("12 34 56", 0, 7) == 0  # digits before each space: none
+    assert safe_cut("ab  cd", 0, 5) == 2  # the space after a space is not one
+    assert safe_cut("ab cd", 2, 5) == 2  # nothing after lo
+
+
+def _doc(turns: int) -> dict:
+    msgs = [{"role": "system", "content": "You are an agent. " * 200}]
+    for i in range(turns):
+        msgs += [{"role": "user", "content": f"tool result {i}: " + "lorem ipsum dolor " * 3000},
+                 {"role": "assistant", "content": f"step {i} " * 300}]
+    return {"messages": msgs}
+
+
+class _Counting:
+    """An encoder that records the characters of every call, over the real one."""
+
+    def __init__(self, real: object) -> None:
+        self.real = real
+        self.calls: list[int] = []
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.calls.append(len(text))
+        return self.real.encode_ordinary(text)  # type: ignore[attr-defined]
+
+
+def test_turn_n_plus_1_encodes_only_its_new_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = tokencount.get_encoding()
+    counting = _Counting(real)
+    monkeypatch.setattr(tokencount, "BLOCKS", BlockCounts(block_chars=2048))
+    monkeypatch.setattr(tokencount, "get_encoding", lambda name="cl100k_base": counting)
+    first = tokencount.count_chat_prompt(_doc(20))
+    chars_first = sum(counting.calls)
+    counting.calls.clear()
+    second = tokencount.count_chat_prompt(_doc(21))
+    new = _doc(21)["messages"][-2:]
+    new_chars = sum(len(m["role"]) + len(m["content"]) for m in new)
+    # turn 21 encodes its own two messages (and their roles), nothing of turn 20's
+    assert sum(counting.calls) == new_chars < chars_first / 10
+    monkeypatch.setattr(tokencount, "get_encoding", lambda name="cl100k_base": real)
+    tokencount.BLOCKS.clear()
+    assert tokencount.count_chat_prompt(_doc(21)) == second  # same as a fresh count
+    assert tokencount.count_chat_prompt(_doc(20)) == first
+
+
+def test_a_growing_prompt_string_encodes_only_its_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = tokencount.get_encoding()
+    counting = _Counting(real)
+    monkeypatch.setattr(tokencount, "BLOCKS", BlockCounts(block_chars=1024))
+    monkeypatch.setattr(tokencount, "get_encoding", lambda name="cl100k_base": counting)
+    base = "the quick brown fox jumps over the lazy dog " * 5000  # 220k characters
+    n1 = tokencount.count_completion_prompt({"prompt": base})
+    counting.calls.clear()
+    n2 = tokencount.count_completion_prompt({"prompt": base + "and then some more words " * 40})
+    assert sum(counting.calls) < 2 * 1024 + 1000  # the last cached block's tail and the new text
+    assert n2 == len(real.encode_ordinary(base + "and then some more words " * 40))
+    assert n1 == len(real.encode_ordinary(base))
+
+
+def test_cache_is_bounded_lru_and_keyed_by_encoding() -> None:
+    counts = BlockCounts(max_entries=3, block_chars=64)
+    calls: list[str] = []
+
+    def length(text: str) -> int:
+        calls.append(text)
+        return len(text)
+
+    a, b = ["aaaa"], ["bbbb"]
+    counts.count("cl100k_base", a, length)
+    counts.count("cl100k_base", b, length)
+    counts.count("cl100k_base", a, length)
+    assert calls == ["aaaa", "bbbb"] and len(counts) == 2  # a reused
+    counts.count("o200k_base", a, length)
+    assert calls[-1] == "aaaa"  # another encoding: its own chain
+    counts.count("cl100k_base", ["cccc"], length)
+    assert len(counts) == 3
+    calls.clear()
+    counts.count("cl100k_base", b, length)  # b was least recently used: evicted
+    assert calls == ["bbbb"]
+    with pytest.raises(ValueError):
+        BlockCounts(max_entries=0)
