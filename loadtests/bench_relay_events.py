@@ -123,18 +123,25 @@ def summarize(rows: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_args(p: argparse.ArgumentParser, duration_s: float) -> None:
+    """The options of a paced-engine run shared with ``bench_step_budget``: ``--chunks``,
+    ``--pace-s`` (seconds), ``--duration`` (seconds per cell, default ``duration_s``),
+    ``--warmup``, ``--repeats``, ``--base``, ``--no-pin``, ``--json``, ``--quiet``."""
     p.add_argument("--chunks", type=int, default=100, help="content chunks per stream")
     p.add_argument("--pace-s", type=float, default=0.001, help="seconds between events")
-    p.add_argument("--concurrency", type=int, default=16, help="streams at once")
-    p.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
+    p.add_argument("--duration", type=float, default=duration_s, help="seconds per cell")
     p.add_argument("--warmup", type=float, default=0.3, help="seconds before each cell")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (medians)")
     p.add_argument("--base", default="", help="also run the gateway of this checkout")
     p.add_argument("--no-pin", dest="pin", action="store_false")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress on stderr")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_args(p, 4.0)
+    p.add_argument("--concurrency", type=int, default=16, help="streams at once")
     args = p.parse_args(argv)
     install_loop()
     raise_on_sigterm()
