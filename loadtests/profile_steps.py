@@ -43,6 +43,12 @@ STEP_PREFIXES: tuple[tuple[str, str], ...] = (
     ("aiohappyeyeballs/", "http stack"),
     ("starlette/", "http stack"),
 )
+# the process's main stack under every callback the loop runs (runpy, the CLI, uvicorn's
+# server, asyncio's runner): in every sample's stack, they would head the cumulative ranking
+# without telling anything; their self time (the loop's C code) stays in ``top_self``
+MAIN_STACK_FILES = frozenset({"<frozen runpy>", "gateway/__main__.py", "gateway/cli.py",
+                              "gateway/server.py", "uvicorn/server.py", "uvicorn/_compat.py",
+                              "asyncio/runners.py", "loadtests/floor_proxy.py"})
 STEPS: tuple[str, ...] = ("admit", "plan", "route", "attempt", "relay", "account", "telemetry",
                           "http stack", "other")  # fmt: skip
 
@@ -138,10 +144,13 @@ class Profile:
         return {s: self.steps[s] / self.total if self.total else 0.0 for s in STEPS}
 
     def top(self, n: int) -> list[dict[str, float | str]]:
-        """The ``n`` functions with the most cumulative samples: ``function``, ``self_pct``,
-        ``cum_pct`` (percent of all samples), ``step`` (of the function's file)."""
+        """The ``n`` functions with the most cumulative samples (the main stack's,
+        :data:`MAIN_STACK_FILES`, left out): ``function``, ``self_pct``, ``cum_pct`` (percent
+        of all samples), ``step`` (of the function's file)."""
         rows = []
-        for fn, cum in self.cumulative.most_common(n):
+        ranked = ((fn, c) for fn, c in self.cumulative.most_common()
+                  if frame_file(fn) not in MAIN_STACK_FILES)
+        for fn, cum in list(ranked)[:n]:
             file = frame_file(fn)
             rows.append({"function": fn, "step": step_of_file(file) or "other",
                          "self_pct": round(100 * self.self_[fn] / self.total, 2),
