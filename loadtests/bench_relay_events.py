@@ -79,7 +79,8 @@ def start(args: argparse.Namespace, tmp: Path, procs: list[Any]) -> tuple[dict[s
 
 
 async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict) -> list[dict]:
-    """Every (round, kind, target) cell, targets interleaved per round."""
+    """Every (round, kind, target) cell, targets interleaved per round (``bench_stack``'s
+    too): per cell the target's CPU per request and per engine event, p50 and p99."""
     rows = []
     # engine events per request: the chunks, the usage chunk (the gateway asks for usage the
     # client did not; the floor passes the client's body as is) and [DONE]
@@ -102,7 +103,7 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict) ->
                                  "errors": s["errors"], "cpu_s": round(cpu, 4),
                                  "us_per_event": round(cpu * 1e6 / max(events, 1), 2),
                                  "us_per_request": round(cpu * 1e6 / max(s["ok"], 1), 1),
-                                 "p50_ms": s["p50_ms"]})  # fmt: skip
+                                 "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"]})  # fmt: skip
                     if not args.quiet:
                         print(f"  r{rnd} {kind:10} {target:9} {s['ok']:5} requests  "
                               f"{rows[-1]['us_per_event']:6.2f} µs/event", file=sys.stderr)
