@@ -85,7 +85,7 @@ bench-clients: $(STAMP)  ## aiohttp vs httpx as the upstream client
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
 
-.PHONY: loadtest race capacity capacity-core relay-events
+.PHONY: loadtest race capacity capacity-core relay-events step-budget
 loadtest: $(STAMP)  ## locust on the CPU stack -> reports/loadtest-<time>/summary.md + plots (ARGS=...)
 	$(BIN)/python -m loadtests.run_loadtest $(ARGS)
 
@@ -100,6 +100,9 @@ capacity-core: $(STAMP)  ## req/s, latency, CPU and RSS per gateway core vs a ra
 
 relay-events: $(STAMP)  ## gateway CPU per relayed event, tokens arriving one by one (ARGS=--base DIR ...)
 	$(BIN)/python -m loadtests.bench_relay_events $(ARGS)
+
+step-budget: $(STAMP)  ## gateway CPU per request and per event by step (py-spy) vs the floor (ARGS=--base DIR ...)
+	$(BIN)/python -m loadtests.bench_step_budget $(ARGS)
 
 .PHONY: bench-flow
 bench-flow: $(STAMP)  ## flow control: interactive TTFT under a batch-agent flood, off vs on (ARGS=...)

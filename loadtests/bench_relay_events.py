@@ -79,7 +79,8 @@ def start(args: argparse.Namespace, tmp: Path, procs: list[Any]) -> tuple[dict[s
 
 
 async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict) -> list[dict]:
-    """Every (round, kind, target) cell, targets interleaved per round."""
+    """Every (round, kind, target) cell, targets interleaved per round (``bench_stack``'s
+    too): per cell the target's CPU per request and per engine event, p50 and p99."""
     rows = []
     # engine events per request: the chunks, the usage chunk (the gateway asks for usage the
     # client did not; the floor passes the client's body as is) and [DONE]
@@ -102,7 +103,7 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], pids: dict) ->
                                  "errors": s["errors"], "cpu_s": round(cpu, 4),
                                  "us_per_event": round(cpu * 1e6 / max(events, 1), 2),
                                  "us_per_request": round(cpu * 1e6 / max(s["ok"], 1), 1),
-                                 "p50_ms": s["p50_ms"]})  # fmt: skip
+                                 "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"]})  # fmt: skip
                     if not args.quiet:
                         print(f"  r{rnd} {kind:10} {target:9} {s['ok']:5} requests  "
                               f"{rows[-1]['us_per_event']:6.2f} µs/event", file=sys.stderr)
@@ -123,18 +124,25 @@ def summarize(rows: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_args(p: argparse.ArgumentParser, duration_s: float) -> None:
+    """The options of a paced-engine run shared with ``bench_step_budget``: ``--chunks``,
+    ``--pace-s`` (seconds), ``--duration`` (seconds per cell, default ``duration_s``),
+    ``--warmup``, ``--repeats``, ``--base``, ``--no-pin``, ``--json``, ``--quiet``."""
     p.add_argument("--chunks", type=int, default=100, help="content chunks per stream")
     p.add_argument("--pace-s", type=float, default=0.001, help="seconds between events")
-    p.add_argument("--concurrency", type=int, default=16, help="streams at once")
-    p.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
+    p.add_argument("--duration", type=float, default=duration_s, help="seconds per cell")
     p.add_argument("--warmup", type=float, default=0.3, help="seconds before each cell")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (medians)")
     p.add_argument("--base", default="", help="also run the gateway of this checkout")
     p.add_argument("--no-pin", dest="pin", action="store_false")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", action="store_true", help="no per-cell progress on stderr")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_args(p, 4.0)
+    p.add_argument("--concurrency", type=int, default=16, help="streams at once")
     args = p.parse_args(argv)
     install_loop()
     raise_on_sigterm()

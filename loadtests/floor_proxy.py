@@ -14,6 +14,7 @@ Run: ``python -m loadtests.floor_proxy --upstream URL --port 0 --port-file PATH`
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -94,3 +95,9 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def app_from_env() -> FloorProxy:
+    """App factory for other ASGI servers (``granian --factory``, ``loadtests.bench_stack``):
+    the upstream from ``SPEEDGATE_FLOOR_UPSTREAM``. Raises ``KeyError`` when it is unset."""
+    return FloorProxy(os.environ["SPEEDGATE_FLOOR_UPSTREAM"])

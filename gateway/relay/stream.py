@@ -95,32 +95,35 @@ async def relay_events(
         (``result.error``, its error event appended)."""
         now = loop.time()
         event = codec.event
-        for ev in events:
-            if ev.data is None:
-                continue
-            verdict, data = event(ev)
-            if verdict == CONTENT:
-                result.events += 1
-                if itl is not None:
-                    itl.tick(now)
-                if relayed is not None:
-                    relayed.append(ev.data)
-            elif verdict == SKIP:
-                continue
-            elif verdict == DONE:
-                out.append(data)
-                result.ok = True
-                return True
-            elif verdict == ERROR:
-                result.error = codec.error
-                result.reason = ("client-error" if is_client_fault(codec.error) else
-                                 "engine-error" if json_object(ev.data) else "malformed")
-                result.error_event = data
-                if end_on_error:
+        first = result.events
+        try:
+            for ev in events:
+                if ev.data is None:
+                    continue
+                verdict, data = event(ev)
+                if verdict == CONTENT:
+                    result.events += 1
+                    if relayed is not None:
+                        relayed.append(ev.data)
+                elif verdict == SKIP:
+                    continue
+                elif verdict == DONE:
                     out.append(data)
-                return True
-            out.append(data)
-        return False
+                    result.ok = True
+                    return True
+                elif verdict == ERROR:
+                    result.error = codec.error
+                    result.reason = ("client-error" if is_client_fault(codec.error) else
+                                     "engine-error" if json_object(ev.data) else "malformed")
+                    result.error_event = data
+                    if end_on_error:
+                        out.append(data)
+                    return True
+                out.append(data)
+            return False
+        finally:  # one tick for the batch's content events (one read: one arrival time)
+            if itl is not None and result.events > first:
+                itl.tick_many(now, result.events - first)
 
     async def flush(out: list[bytes]) -> None:
         if out:

@@ -38,6 +38,7 @@ ITL_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+_ZERO_GAP = bisect_left(ITL_BUCKETS, 0.0)  # the bucket of a gap of 0 s (events of one read)
 # Seconds from arrival to the first upstream attempt (body read, parse, plan, routing).
 QUEUE_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -76,6 +77,15 @@ class GapTimer:
         self.counts[bisect_left(ITL_BUCKETS, gap)] += 1
         self.sum_s += gap
         self.n += 1
+
+    def tick_many(self, now: float, k: int) -> None:
+        """``k`` content events relayed at ``now`` (the events of one upstream read): the
+        same state as ``k`` calls of :meth:`tick` (``k - 1`` gaps of 0 s after the first),
+        in one step (issue 31's step budget: ~0.2 µs per event of a burst saved)."""
+        self.tick(now)
+        if k > 1:
+            self.counts[_ZERO_GAP] += k - 1
+            self.n += k - 1
 
     @property
     def span_s(self) -> float:

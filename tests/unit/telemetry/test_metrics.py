@@ -184,3 +184,22 @@ def test_render_async_equals_render(pools):
     m = GatewayMetrics(pools)
     m.record_request(_rec("fast", gaps=[0.01]))
     assert asyncio.run(m.render_async()) == m.render()
+
+
+@pytest.mark.parametrize("k", [1, 2, 7])
+def test_gap_timer_tick_many_is_k_ticks(k):
+    """One upstream read of ``k`` content events: ``tick_many`` leaves the state ``k`` ticks
+    at the same instant leave, after earlier events and before later ones."""
+    one, many = GapTimer(), GapTimer()
+    for t in (one, many):
+        t.tick(1.0)
+    for _ in range(k):
+        one.tick(1.5)
+    many.tick_many(1.5, k)
+    for t in (one, many):
+        t.tick(1.5 + 2**-7)
+    assert (many.counts, many.n, many.sum_s, many.first, many.last) == (
+        one.counts, one.n, one.sum_s, one.first, one.last)
+    fresh = GapTimer()
+    fresh.tick_many(3.0, k)
+    assert (fresh.first, fresh.last, fresh.n, fresh.counts[0]) == (3.0, 3.0, k - 1, k - 1)
