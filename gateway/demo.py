@@ -154,9 +154,8 @@ def _serve_demo(
     port_file: str | None = None,
 ) -> int:
     """Start the engines (``start`` returns their URLs per tier), serve the gateway in front
-    of them until Ctrl-C or SIGTERM, and always ``stop`` the engines (also at exit)."""
-
-
+    of them until Ctrl-C or SIGTERM, and always ``stop`` the engines (also at exit). A
+    gateway port that is taken is exit status 1 with a line saying so, not a traceback."""
     atexit.register(stop)
 
     def _terminate(signum: int, frame: object) -> None:
@@ -176,6 +175,11 @@ def _serve_demo(
         pass
     except RuntimeError as e:
         print(f"speedgate demo: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # the gateway's listener: the address is taken
+        print(f"speedgate demo: cannot listen on {host}:{port}: {e.strerror or e} (is another "
+              "demo running? `make demo PORT=9000` or `speedgate demo --port 9000` picks "
+              "another port)", file=sys.stderr)
         return 1
     finally:
         stop()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -171,3 +173,31 @@ def test_item5_make_demo_readme_snippets_in_a_fresh_shell_and_kill_term_stops_al
         for p in [*tree, psutil.Process(make.pid) if make.poll() is None else None]:
             if p is not None and p.is_running():
                 p.kill()
+
+
+def test_demo_on_a_taken_port_says_so_and_stops_its_simulators(tmp_path):
+    """The gateway's port already taken (another demo): exit status 1 and one line naming the
+    address and how to pick another port, no traceback, and no simulator left running."""
+    mark = uuid.uuid4().hex  # inherited by the simulators: finds them even once orphaned
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run(
+            [sys.executable, "-m", "gateway", "demo", "--port", str(port), "--replicas", "1",
+             "--time-scale", "0.01"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "SPEEDGATE_TEST_MARK": mark})
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "PORT=" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("SPEEDGATE_TEST_MARK") == mark:
+                left.append(p)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    for p in left:
+        p.kill()
+    assert left == []
