@@ -81,13 +81,16 @@ class BlockCounts:
             self.hits += start
         new: list[tuple[bytes, tuple[int, int, int]]] = []
         for j in range(start, len(spans)):
-            t, _, end, key = spans[j]
+            t, begin, end, key = spans[j]
             if t != idx:  # the rest of the previous text, then a fresh one
                 if cut < len(texts[idx]):
                     cum += encode_len(texts[idx][cut:])
                 idx, cut = t, 0
             text = texts[t]
-            c = len(text) if end >= len(text) else safe_cut(text, cut, end)
+            # a short block ends its text in every conversation sharing its hash; a full one
+            # that ends the text here may be followed by more of it in another: cut safely
+            short = end - begin < self.block_chars
+            c = len(text) if short and end >= len(text) else safe_cut(text, cut, end)
             if c > cut:
                 cum += encode_len(text[cut:c])
                 cut = c

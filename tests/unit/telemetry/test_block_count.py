@@ -120,3 +120,26 @@ def test_cache_is_bounded_lru_and_keyed_by_encoding() -> None:
     assert calls == ["bbbb"]
     with pytest.raises(ValueError):
         BlockCounts(max_entries=0)
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+@pytest.mark.parametrize(("base", "more"), [
+    ("ab " * 21 + "a", "bc def"),  # a word cut by the block's end
+    ("1" * 64, "23"),  # a digit run (three per pre-token)
+    ("x" * 63 + "'", "s ok"),  # a contraction across the block's end
+])
+def test_a_text_of_whole_blocks_that_grows_counts_exactly(
+    encoding: str, base: str, more: str
+) -> None:
+    """A text ending exactly at a block's end shares that block's hash with the same text
+    grown: its entry must not claim the text's end as a safe cut."""
+    enc = tokencount.get_encoding(encoding)  # type: ignore[arg-type]
+
+    def length(t: str) -> int:
+        return len(enc.encode_ordinary(t))
+
+    counts = BlockCounts(block_chars=64)
+    assert len(base) == 64
+    assert counts.count(encoding, [base], length) == length(base)
+    assert counts.count(encoding, [base + more], length) == length(base + more)
+    assert counts.count(encoding, [base, more], length) == length(base) + length(more)
