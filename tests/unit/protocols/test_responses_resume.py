@@ -264,3 +264,26 @@ def test_continuation_carries_the_expanded_previous_turns() -> None:
     assert [m["content"] for m in doc["messages"]] == [
         "first", "answer one", "and then?", "Hello"]
     assert "previous_response_id" not in doc
+
+
+def test_a_continuation_broken_after_its_finish_is_ended_not_continued() -> None:
+    """The continuation's finish reason came, then its replica broke before the usage chunk:
+    the splice says it finished (the relay then ends the stream instead of asking a second
+    continuation to go past the end) and ends the response with the usage given (the
+    gateway's estimate), stored as ``final``."""
+    b = body()
+    codec, relayed = opened_stream(b)
+    splice = codec.continuation(P.resume_point(b, relayed), [3])
+    assert not splice.finished() and splice.ending(Usage(30, 9, 0), relayed) is None
+    assert splice.event(chunk(" world!", finish="stop"))[0] == CONTENT
+    assert splice.finished()
+    out = splice.ending(Usage(30, 9, 0), relayed)
+    assert out is not None
+    docs = payloads(out)
+    assert [x["type"] for x in docs][-1] == "response.completed"
+    assert [x["sequence_number"] for x in docs] == [10, 11, 12, 13]
+    resp = docs[-1]["response"]
+    assert resp["status"] == "completed"
+    assert resp["output"][1]["content"][0]["text"] == "Hello world!"
+    assert resp["usage"]["input_tokens"] == 30 and resp["usage"]["output_tokens"] == 9
+    assert codec.final == resp
