@@ -73,7 +73,9 @@ class BlockCounts:
         with self._lock:
             for j in range(len(spans) - 1, -1, -1):
                 got = self._entries.get(spans[j][3])
-                if got is not None:
+                # an entry is of this block's text and cuts inside it; one that is not can
+                # only be a hash collision (8-byte digests): not trusted, counted afresh
+                if got is not None and got[1] == spans[j][0] and got[2] <= spans[j][2]:
                     self._entries.move_to_end(spans[j][3])
                     cum, idx, cut = got
                     start = j + 1
