@@ -40,6 +40,10 @@ def _replica(name: str, kv_tokens: int, open_kv: list[tuple[int, int, float]]) -
         ([(5_000, 600, 0.0), (5_000, 60, 0.0)], 6_000, 30.0, 20.0),  # needs both
         ([(4_000, 60, 0.0)], 20_000, 30.0, math.inf),  # more than the pool
         ([(9_000, 3_000, 0.0)], 2_000, 300.0, 10.0),  # a faster decode
+        # no output cap (0): it may run to max_model_len (10k here), not end "now" (which
+        # made every wait 0 s): 1,000 tokens at 30/s
+        ([(9_000, 0, 0.0)], 2_000, 30.0, 1_000 / 30),
+        ([(5_000, 0, 0.0), (5_000, 60, 0.0)], 500, 30.0, 2.0),  # the capped one suffices
     ],
 )
 def test_wait_s_table(open_kv: list[tuple[int, int, float]], need: int, decode: float,
