@@ -287,3 +287,22 @@ def test_a_continuation_broken_after_its_finish_is_ended_not_continued() -> None
     assert resp["output"][1]["content"][0]["text"] == "Hello world!"
     assert resp["usage"]["input_tokens"] == 30 and resp["usage"]["output_tokens"] == 9
     assert codec.final == resp
+
+
+def test_continuation_keeps_the_images_of_the_input() -> None:
+    """An ``input_image`` part is carried to the chat continuation as ``image_url`` (it was
+    dropped: the continuation went on from a conversation without the image the model saw)."""
+    url = "data:image/png;base64,iVBORw0KGgo="
+    b = body(input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "image_url": url, "detail": "low"}]}])
+    _, relayed = opened_stream(b)
+    doc = orjson.loads(P.continuation_body(b, "served", P.resume_point(b, relayed)))
+    assert doc["messages"][0] == {"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": url, "detail": "low"}}]}
+    text_only = body(input=[{"role": "user", "content": [{"type": "input_text", "text": "a"}]}])
+    _, relayed = opened_stream(text_only)
+    doc = orjson.loads(P.continuation_body(text_only, "served",
+                                           P.resume_point(text_only, relayed)))
+    assert doc["messages"][0] == {"role": "user", "content": "a"}
