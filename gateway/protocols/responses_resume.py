@@ -8,9 +8,9 @@ chat with a generation prompt and has no ``continue_final_message``), so, as for
 (``messages_resume``), the continuation goes to the same engine's ``/v1/chat/completions`` with
 the input converted the way vLLM's Responses serving converts it (``instructions`` as the
 system message, message items by role (an ``input_image`` part as chat's ``image_url``),
-``function_call`` / ``function_call_output`` items as
-tool calls and results, ``reasoning`` items left out, function tools as chat tools; the
-simulator's ``engines/sim/responses_api.to_chat`` follows it) plus the partial assistant text,
+``function_call`` / ``function_call_output`` items as tool calls and results, ``reasoning``
+items left out, function tools as chat tools; the simulator's
+``engines/sim/responses_api.to_chat`` follows it) plus the partial assistant text,
 ``continue_final_message: true`` and ``add_generation_prompt: false``. Its chunks become the
 client's Responses events: ``response.output_text.delta`` on the cut message item (its
 ``item_id``, ``output_index`` and ``content_index``), ``sequence_number`` continuing the
