@@ -10,9 +10,11 @@ import asyncio
 import logging
 import time
 
+from gateway.fleet.rates import PoolRates
 from gateway.state import GatewayState
 from gateway.telemetry.access_log import log_access
 from gateway.telemetry.cost import cost_usd
+from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import estimate_usage
 from gateway.telemetry.usage_store import UsageDelta
 from gateway.upstream.exchange import Exchange
@@ -51,8 +53,7 @@ async def account(state: GatewayState, ex: Exchange) -> None:
             pool = state.pools.get(rec.model, rec.served_tier)
             if pool is not None:
                 rec.cost_usd = cost_usd(rec.usage, pool.config.prices, rec.flex)
-                u = rec.usage  # the pool's prefill/decode rates (routing.kv_placement)
-                pool.rates.observe(u.prompt, u.cached, u.completion, rec.ttft_s, rec.e2e_s)
+                observe_rates(pool.rates, rec)  # the pool's (routing.kv_placement)
     except (Exception, asyncio.CancelledError):
         log.exception("usage accounting failed for request %s", rec.request_id)
     state.metrics.record_request(rec)
@@ -74,3 +75,21 @@ async def account(state: GatewayState, ex: Exchange) -> None:
             await state.usage.add(rec.key_id, rec.session_id, UsageDelta.from_record(rec))
         except (Exception, asyncio.CancelledError):
             log.exception("usage totals not updated for request %s", rec.request_id)
+
+
+def observe_rates(rates: PoolRates, rec: RequestRecord) -> None:
+    """Feed a pool's prefill/decode rates (``fleet.rates``, for ``routing.kv_placement``) from
+    ``rec`` when it is a completed, unresumed stream with usage (a JSON response's TTFT is its
+    whole body; a resumed stream's usage sums its attempts; a failed one's times are cut):
+    decode time its first to last content event, else ``e2e − ttft − queue`` (seconds, as the
+    TPOT metric)."""
+    u, itl = rec.usage, rec.itl
+    if u is None or not rec.stream or rec.outcome != "ok" or rec.resumes:
+        return
+    if itl is not None and itl.n:
+        decode_s: float | None = itl.span_s
+    elif rec.e2e_s is not None and rec.ttft_s is not None:
+        decode_s = rec.e2e_s - rec.ttft_s - (rec.queue_s or 0.0)
+    else:
+        decode_s = None
+    rates.observe(u.prompt, u.cached, u.completion, rec.ttft_s, decode_s)

@@ -182,6 +182,13 @@ class StreamCodec:
         ``message_delta``); None (the default): nothing against it."""
         return None
 
+    def finished(self) -> bool:
+        """True when the engine's finish came through this codec although the protocol's
+        ``resume_point`` cannot tell from ``relayed`` (a continuation's chat finish reason,
+        ``TextSplice``): a break then lost only the usage and end marker, and ``ending`` ends
+        the stream. False (the default)."""
+        return False
+
     def ending(self, usage: Usage | None, relayed: list[bytes]) -> bytes | None:
         """The events that end this stream for the client after the engine broke it once
         every choice had finished (``ResumePoint.complete``; ``relayed``: the engine payloads

@@ -7,9 +7,10 @@ vLLM's ``/v1/responses`` cannot continue a partial assistant turn (it renders th
 chat with a generation prompt and has no ``continue_final_message``), so, as for Messages
 (``messages_resume``), the continuation goes to the same engine's ``/v1/chat/completions`` with
 the input converted the way vLLM's Responses serving converts it (``instructions`` as the
-system message, message items by role, ``function_call`` / ``function_call_output`` items as
-tool calls and results, ``reasoning`` items left out, function tools as chat tools; the
-simulator's ``engines/sim/responses_api.to_chat`` follows it) plus the partial assistant text,
+system message, message items by role (an ``input_image`` part as chat's ``image_url``),
+``function_call`` / ``function_call_output`` items as tool calls and results, ``reasoning``
+items left out, function tools as chat tools; the simulator's
+``engines/sim/responses_api.to_chat`` follows it) plus the partial assistant text,
 ``continue_final_message: true`` and ``add_generation_prompt: false``. Its chunks become the
 client's Responses events: ``response.output_text.delta`` on the cut message item (its
 ``item_id``, ``output_index`` and ``content_index``), ``sequence_number`` continuing the
@@ -178,7 +179,8 @@ def chat_messages(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for item in items:
         kind = item.get("type") or "message"
         if kind == "message":
-            out.append({"role": item.get("role", "user"), "content": _text(item.get("content"))})
+            out.append({"role": item.get("role", "user"),
+                        "content": _content(item.get("content"))})
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
@@ -320,6 +322,30 @@ def _tool_choice(choice: Any) -> str | dict[str, Any]:
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
     return "auto"
+
+
+def _content(content: Any) -> str | list[dict[str, Any]]:
+    """A message item's content for chat: its text (``_text``), or, when it holds an image,
+    chat's parts (text parts as ``text``, ``input_image`` as ``image_url``, as vLLM's chat
+    parser reads them; any other part carried as is for the engine to judge), so an image
+    the model saw is not silently left out of the continuation's conversation."""
+    if not isinstance(content, list) or not any(
+            isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+        return _text(content)
+    parts: list[dict[str, Any]] = []
+    for p in content:
+        if not isinstance(p, dict):
+            continue
+        if isinstance(p.get("text"), str):
+            parts.append({"type": "text", "text": p["text"]})
+        elif p.get("type") == "input_image" and isinstance(p.get("image_url"), str):
+            image: dict[str, Any] = {"url": p["image_url"]}
+            if isinstance(p.get("detail"), str):
+                image["detail"] = p["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        else:
+            parts.append(p)
+    return parts
 
 
 def _text(content: Any) -> str:

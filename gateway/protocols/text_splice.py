@@ -48,6 +48,20 @@ class TextSplice(StreamCodec):
         """The events that end the client's stream once the continuation finished."""
         raise NotImplementedError
 
+    def finished(self) -> bool:
+        """True once the continuation's finish reason came (its usage and end may be lost)."""
+        return self.finish is not None
+
+    def ending(self, usage: Usage | None, relayed: list[bytes]) -> bytes | None:
+        """``ending_events`` for a continuation that broke after its finish reason (only its
+        usage and end marker lost; ``usage``: the engine's if it came, else the gateway's
+        estimate of the whole request); None before its finish."""
+        if self.finish is None:
+            return None
+        if self.usage is None:
+            self.usage = usage
+        return self.ending_events()
+
     def _fail(self, err: GatewayError) -> tuple[int, bytes]:
         self.error = err
         return ERROR, self.error_event(err)

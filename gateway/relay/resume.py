@@ -96,6 +96,8 @@ async def relay_resumable(
         point = protocol.resume_point(body, relayed)
         if point.blocker is None:
             point.blocker = current.resume_blocker(point)
+        if current.finished():  # a continuation's finish came: another would go past it
+            point.complete = True
         if diverged or no_heal:  # carry the whole text from now on
             point.heal, no_heal = "", True
         if point.complete:  # every choice finished: only the usage and end marker lost

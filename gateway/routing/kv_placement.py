@@ -11,7 +11,10 @@ cap) do not fit the free KV of the replica holding its conversation (``fit.has_r
   blocks free: this gateway's open attempts there finish after their remaining output,
   ``max(0, cap − decode_tok_s × elapsed) / decode_tok_s``; ``wait_s`` is the time at which the
   finished ones' KV tokens first cover the shortfall (``need − free``), infinite when all of
-  them together do not (other gateways' requests, or a request larger than the pool).
+  them together do not (other gateways' requests, or a request larger than the pool). An
+  attempt that set no output cap (0) may generate up to the context length: vLLM caps an unset
+  ``max_tokens`` at ``max_model_len − prompt`` (its ``get_max_tokens``), which is used; with
+  no known ``max_model_len`` its end is unknown and it frees nothing.
 
 The smaller wins (a tie waits: the cache stays warm); no roomy candidate: wait. Rates are the
 pool's measured ones (``gateway.fleet.rates``, documented defaults before measurements).
@@ -52,8 +55,9 @@ def _fmt(v: float | None) -> str:
 
 def wait_s(home: Replica, need: int, now: float, decode_tok_s: float) -> float:
     """Seconds until ``home`` has ``need`` KV tokens free, from its open attempts' remaining
-    output at ``decode_tok_s`` tokens/s each (module docstring); 0.0 when it has them now,
-    ``math.inf`` when the attempts it knows of never free enough."""
+    output at ``decode_tok_s`` tokens/s each (module docstring; an attempt without an output
+    cap, 0, runs to ``max_model_len`` at most); 0.0 when it has them now, ``math.inf`` when
+    the attempts it knows of never free enough."""
     free = free_kv_tokens(home, now)
     if free is None:
         return 0.0
@@ -61,8 +65,9 @@ def wait_s(home: Replica, need: int, now: float, decode_tok_s: float) -> float:
     if short <= 0:
         return 0.0
     rate = max(decode_tok_s, 1e-9)
-    ends = sorted((max(0.0, cap - rate * max(0.0, now - t0)) / rate, kv)
-                  for kv, cap, t0 in home.open_kv.values())
+    longest = home.max_model_len or 0
+    ends = sorted((max(0.0, (cap or longest - kv) - rate * max(0.0, now - t0)) / rate, kv)
+                  for kv, cap, t0 in home.open_kv.values() if cap > 0 or longest > kv)
     freed = 0
     for t, kv in ends:
         freed += kv

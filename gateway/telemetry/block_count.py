@@ -73,7 +73,9 @@ class BlockCounts:
         with self._lock:
             for j in range(len(spans) - 1, -1, -1):
                 got = self._entries.get(spans[j][3])
-                if got is not None:
+                # an entry is of this block's text and cuts inside it; one that is not can
+                # only be a hash collision (8-byte digests): not trusted, counted afresh
+                if got is not None and got[1] == spans[j][0] and got[2] <= spans[j][2]:
                     self._entries.move_to_end(spans[j][3])
                     cum, idx, cut = got
                     start = j + 1
@@ -81,13 +83,16 @@ class BlockCounts:
             self.hits += start
         new: list[tuple[bytes, tuple[int, int, int]]] = []
         for j in range(start, len(spans)):
-            t, _, end, key = spans[j]
+            t, begin, end, key = spans[j]
             if t != idx:  # the rest of the previous text, then a fresh one
                 if cut < len(texts[idx]):
                     cum += encode_len(texts[idx][cut:])
                 idx, cut = t, 0
             text = texts[t]
-            c = len(text) if end >= len(text) else safe_cut(text, cut, end)
+            # a short block ends its text in every conversation sharing its hash; a full one
+            # that ends the text here may be followed by more of it in another: cut safely
+            short = end - begin < self.block_chars
+            c = len(text) if short and end >= len(text) else safe_cut(text, cut, end)
             if c > cut:
                 cum += encode_len(text[cut:c])
                 cut = c

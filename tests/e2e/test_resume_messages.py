@@ -88,14 +88,18 @@ def test_repeated_breaks_are_resumed_each_time(client: anthropic.Anthropic,
                                               stack: Stack) -> None:
     """A reset after every 4 events, continuations included: each continuation regenerates
     the healed tail (the space after "part3", …) and adds 3 chunks, so the first attempt and
-    two continuations break and the third finishes (``max_resumes`` 3); the client still sees
-    one message with the whole text."""
+    the first continuation break mid-text and the second breaks right after its last event
+    (its finish: the gateway ends the message, outcome ``completed``, no third continuation
+    past the end); the client still sees one message with the whole text."""
     before = metric(stack, "speedgate_resumes_total", outcome="resumed")
+    completed = metric(stack, "speedgate_resumes_total", outcome="completed")
     out = stream(client, {"reset_after_chunks": 4})
     assert out["text"] == FULL == "".join(b.text for b in out["final"].content)
     assert out["kinds"].count("message_start") == 1 and out["kinds"].count("message_stop") == 1
     assert set(out["indices"]) == {0}
-    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == before + 3
+    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == before + 2
+    assert metric(stack, "speedgate_resumes_total", outcome="completed") == completed + 1
+    assert out["final"].stop_reason == "end_turn"
 
 
 def test_break_inside_tool_use_is_an_in_band_error(stack: Stack) -> None:

@@ -109,9 +109,12 @@ def test_text_break_is_resumed_as_one_response(client: openai.OpenAI, stack: Sta
 def test_create_stream_true_resumes_repeated_breaks(client: openai.OpenAI,
                                                    stack: Stack) -> None:
     """``create(stream=True)`` with a reset after every 4 events, continuations included: the
-    first attempt and two continuations break, the third finishes (``max_resumes`` 3); the
-    client still sees one response with the whole text and gap-free numbering."""
+    first attempt and the first continuation break mid-text, the second continuation breaks
+    right after its last event (its finish: the gateway ends the response, outcome
+    ``completed``, no third continuation past the end); the client still sees one response
+    with the whole text and gap-free numbering."""
     before = metric(stack, "speedgate_resumes_total", outcome="resumed")
+    completed = metric(stack, "speedgate_resumes_total", outcome="completed")
     events = list(client.responses.create(
         model=FAST, input="go", stream=True, extra_body={"sim_faults": {
             "chunks": CHUNKS, "chunk_interval_s": 0.01, "reset_after_chunks": 4}}))
@@ -120,7 +123,8 @@ def test_create_stream_true_resumes_repeated_breaks(client: openai.OpenAI,
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == FULL == events[-1].response.output_text
-    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == before + 3
+    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == before + 2
+    assert metric(stack, "speedgate_resumes_total", outcome="completed") == completed + 1
 
 
 def test_break_inside_function_call_is_an_in_band_error(stack: Stack) -> None:
@@ -141,3 +145,28 @@ def test_break_inside_function_call_is_an_in_band_error(stack: Stack) -> None:
     assert [d["sequence_number"] for d in docs] == list(range(len(docs)))
     assert metric(stack, "speedgate_resumes_total", outcome="refused") == before + 1
     assert "not resumed: tool-call" in stack.log_path.read_text()
+
+
+def test_continuation_broken_after_its_finish_is_ended_by_the_gateway(
+    client: openai.OpenAI, stack: Stack
+) -> None:
+    """A 9-part answer reset after 5 events, continuations included: the continuation's 5th
+    event is its last, with the finish reason, and its replica breaks before the usage chunk.
+    The gateway ends the response (outcome ``completed``) instead of asking a second
+    continuation to go past the finished answer."""
+    chunks = CHUNKS[:9]
+    resumed = metric(stack, "speedgate_resumes_total", outcome="resumed")
+    completed = metric(stack, "speedgate_resumes_total", outcome="completed")
+    events = list(client.responses.create(
+        model=FAST, input="go", stream=True, extra_body={"sim_faults": {
+            "chunks": chunks, "chunk_interval_s": 0.01, "reset_after_chunks": 5}}))
+    kinds = [e.type for e in events]
+    assert "error" not in kinds and kinds.count("response.completed") == 1, kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == "".join(chunks) == events[-1].response.output_text
+    assert metric(stack, "speedgate_resumes_total", outcome="resumed") == resumed + 1
+    assert metric(stack, "speedgate_resumes_total", outcome="completed") == completed + 1
+    usage = events[-1].response.usage
+    assert usage is not None and usage.output_tokens > 0
+    assert client.responses.retrieve(events[-1].response.id).output_text == "".join(chunks)

@@ -264,3 +264,45 @@ def test_continuation_carries_the_expanded_previous_turns() -> None:
     assert [m["content"] for m in doc["messages"]] == [
         "first", "answer one", "and then?", "Hello"]
     assert "previous_response_id" not in doc
+
+
+def test_a_continuation_broken_after_its_finish_is_ended_not_continued() -> None:
+    """The continuation's finish reason came, then its replica broke before the usage chunk:
+    the splice says it finished (the relay then ends the stream instead of asking a second
+    continuation to go past the end) and ends the response with the usage given (the
+    gateway's estimate), stored as ``final``."""
+    b = body()
+    codec, relayed = opened_stream(b)
+    splice = codec.continuation(P.resume_point(b, relayed), [3])
+    assert not splice.finished() and splice.ending(Usage(30, 9, 0), relayed) is None
+    assert splice.event(chunk(" world!", finish="stop"))[0] == CONTENT
+    assert splice.finished()
+    out = splice.ending(Usage(30, 9, 0), relayed)
+    assert out is not None
+    docs = payloads(out)
+    assert [x["type"] for x in docs][-1] == "response.completed"
+    assert [x["sequence_number"] for x in docs] == [10, 11, 12, 13]
+    resp = docs[-1]["response"]
+    assert resp["status"] == "completed"
+    assert resp["output"][1]["content"][0]["text"] == "Hello world!"
+    assert resp["usage"]["input_tokens"] == 30 and resp["usage"]["output_tokens"] == 9
+    assert codec.final == resp
+
+
+def test_continuation_keeps_the_images_of_the_input() -> None:
+    """An ``input_image`` part is carried to the chat continuation as ``image_url`` (it was
+    dropped: the continuation went on from a conversation without the image the model saw)."""
+    url = "data:image/png;base64,iVBORw0KGgo="
+    b = body(input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "image_url": url, "detail": "low"}]}])
+    _, relayed = opened_stream(b)
+    doc = orjson.loads(P.continuation_body(b, "served", P.resume_point(b, relayed)))
+    assert doc["messages"][0] == {"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": url, "detail": "low"}}]}
+    text_only = body(input=[{"role": "user", "content": [{"type": "input_text", "text": "a"}]}])
+    _, relayed = opened_stream(text_only)
+    doc = orjson.loads(P.continuation_body(text_only, "served",
+                                           P.resume_point(text_only, relayed)))
+    assert doc["messages"][0] == {"role": "user", "content": "a"}

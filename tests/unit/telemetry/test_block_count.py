@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from gateway.common.blocks import block_spans
 from gateway.telemetry import tokencount
 from gateway.telemetry.block_count import BlockCounts, safe_cut
 
@@ -120,3 +121,42 @@ def test_cache_is_bounded_lru_and_keyed_by_encoding() -> None:
     assert calls == ["bbbb"]
     with pytest.raises(ValueError):
         BlockCounts(max_entries=0)
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+@pytest.mark.parametrize(("base", "more"), [
+    ("ab " * 21 + "a", "bc def"),  # a word cut by the block's end
+    ("1" * 64, "23"),  # a digit run (three per pre-token)
+    ("x" * 63 + "'", "s ok"),  # a contraction across the block's end
+])
+def test_a_text_of_whole_blocks_that_grows_counts_exactly(
+    encoding: str, base: str, more: str
+) -> None:
+    """A text ending exactly at a block's end shares that block's hash with the same text
+    grown: its entry must not claim the text's end as a safe cut."""
+    enc = tokencount.get_encoding(encoding)  # type: ignore[arg-type]
+
+    def length(t: str) -> int:
+        return len(enc.encode_ordinary(t))
+
+    counts = BlockCounts(block_chars=64)
+    assert len(base) == 64
+    assert counts.count(encoding, [base], length) == length(base)
+    assert counts.count(encoding, [base + more], length) == length(base + more)
+    assert counts.count(encoding, [base, more], length) == length(base) + length(more)
+
+
+def test_an_entry_that_does_not_fit_its_block_is_not_trusted() -> None:
+    """What a hash collision would look up (an entry recorded for another text index, or a
+    cut past the block): ignored, the count is a full encode's, never an IndexError."""
+    enc = tokencount.get_encoding("cl100k_base")
+
+    def length(t: str) -> int:
+        return len(enc.encode_ordinary(t))
+
+    counts = BlockCounts(block_chars=64)
+    texts = ["hello there", "general kenobi"]
+    keys = [key for *_, key in block_spans(texts, 64, 1 << 62, b"cl100k_base")]
+    counts._entries[keys[-1]] = (999, 7, 3)  # another conversation's text 7
+    counts._entries[keys[0]] = (999, 0, 500)  # a cut past the block's end
+    assert counts.count("cl100k_base", texts, length) == length(texts[0]) + length(texts[1])
