@@ -1,5 +1,5 @@
-"""The gateway and its floor on another ASGI server (issue 31's stack check): uvicorn against
-granian, CPU per request, side by side in one run.
+"""The gateway and its floor on candidate stacks (issue 31's stack check): uvicorn + aiohttp
+against granian and against the pyreqwest client, CPU per request, side by side in one run.
 
 A raw zero-delay burst engine (``loadtests.raw_engine``, ``--chunks`` chunks per stream) and
 this load generator on one core; on the other, one at a time: the floor proxy
@@ -12,8 +12,14 @@ test). Cells: stream and non-stream at ``--concurrency``, ``--repeats`` interlea
 the target's CPU (its process tree, user + system) per request, medians, and p99
 (``bench_relay_events.measure``'s cells).
 
-Run: ``.venv/bin/python -m loadtests.bench_stack`` (needs granian: ``pip install granian``;
-exit status 2 without it, 1 when a request failed).
+The pyreqwest candidate (``--stacks pyreqwest``): the floor and the gateway with pyreqwest as
+their upstream client (``loadtests.pyreqwest_stack``, on uvicorn, ports reported through a
+port file). ``--pace-s`` spaces the engine's chunks (one read per event) for the cost per
+relayed event.
+
+Run: ``.venv/bin/python -m loadtests.bench_stack [--stacks granian pyreqwest]`` (default:
+every candidate installed; ``pip install granian pyreqwest``; exit status 2 when one asked
+for, or all, are missing, 1 when a request failed).
 """
 
 from __future__ import annotations
