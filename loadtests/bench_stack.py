@@ -1,5 +1,5 @@
-"""The gateway and its floor on another ASGI server (issue 31's stack check): uvicorn against
-granian, CPU per request, side by side in one run.
+"""The gateway and its floor on candidate stacks (issue 31's stack check): uvicorn + aiohttp
+against granian and against the pyreqwest client, CPU per request, side by side in one run.
 
 A raw zero-delay burst engine (``loadtests.raw_engine``, ``--chunks`` chunks per stream) and
 this load generator on one core; on the other, one at a time: the floor proxy
@@ -12,14 +12,21 @@ test). Cells: stream and non-stream at ``--concurrency``, ``--repeats`` interlea
 the target's CPU (its process tree, user + system) per request, medians, and p99
 (``bench_relay_events.measure``'s cells).
 
-Run: ``.venv/bin/python -m loadtests.bench_stack`` (needs granian: ``pip install granian``;
-exit status 2 without it, 1 when a request failed).
+The pyreqwest candidate (``--stacks pyreqwest``): the floor and the gateway with pyreqwest as
+their upstream client (``loadtests.pyreqwest_stack``, on uvicorn, ports reported through a
+port file). ``--pace-s`` spaces the engine's chunks (one read per event) for the cost per
+relayed event.
+
+Run: ``.venv/bin/python -m loadtests.bench_stack [--stacks granian pyreqwest]`` (default:
+every candidate installed; ``pip install granian pyreqwest``; exit status 2 when one asked
+for, or all, are missing, 1 when a request failed).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import shutil
@@ -35,6 +42,8 @@ import yaml
 
 from engines.procs import die_with_parent, wait_healthy
 from loadtests._common import (
+    Server,
+    _spawn_server,
     install_loop,
     start_floor_proxy,
     start_gateway,
@@ -77,18 +86,51 @@ def start_granian(target: str, env: dict[str, str], cpus: set[int] | None,
     return proc, url
 
 
+def _has_pyreqwest() -> bool:
+    return importlib.util.find_spec("pyreqwest") is not None
+
+
+def _has_granian() -> bool:
+    return (Path(sys.executable).parent / "granian").exists() or bool(shutil.which("granian"))
+
+
+def available_stacks() -> list[str]:
+    """The candidate stacks installed here (``granian``, ``pyreqwest``); uvicorn + aiohttp, as
+    shipped, is always measured beside them."""
+    return [n for n, ok in (("granian", _has_granian()), ("pyreqwest", _has_pyreqwest())) if ok]
+
+
+def start_pyreqwest(kind: str, arg: str, cpus: set[int] | None, log: Path) -> Server:
+    """``loadtests.pyreqwest_stack``'s ``floor`` (upstream URL ``arg``) or ``gateway`` (config
+    path ``arg``) on uvicorn, port 0 reported through a port file, pinned to ``cpus``."""
+    base = [sys.executable, "-m", "loadtests.pyreqwest_stack"]
+    cmd = ([*base, "floor", "--upstream", arg, "--port", "0"] if kind == "floor"
+           else [*base, "gateway", "serve", "-c", arg, "--port", "0"])  # fmt: skip
+    with open(log, "wb") as out:
+        return _spawn_server(cmd, cpus, stdout=out, stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--chunks", type=int, default=20, help="content chunks per stream")
+    p.add_argument("--pace-s", type=float, default=0.0,
+                   help="engine's gap between chunks (0: one burst); > 0: one read per event")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--duration", type=float, default=3.0, help="seconds per cell")
     p.add_argument("--warmup", type=float, default=0.3)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--stacks", nargs="*", choices=("granian", "pyreqwest"), default=None,
+                   help="candidates beside uvicorn + aiohttp (default: every one installed)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    if not (Path(sys.executable).parent / "granian").exists() and not shutil.which("granian"):
-        print("bench_stack: granian is not installed (pip install granian)", file=sys.stderr)
+    have = available_stacks()
+    stacks = have if args.stacks is None else args.stacks
+    missing = sorted(set(stacks) - set(have))
+    if missing or not stacks:
+        print(f"bench_stack: not installed: {', '.join(missing) or 'granian, pyreqwest'} "
+              "(pip install granian pyreqwest)", file=sys.stderr)
         return 2
     install_loop()
     cpus = sorted(os.sched_getaffinity(0))
@@ -99,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="speedgate-stack-") as tmp:
         try:
-            engine = start_raw_engine(SERVED, args.chunks, loadgen)
+            engine = start_raw_engine(SERVED, args.chunks, loadgen, args.pace_s)
             procs.append(engine.proc)
             direct = engine.wait_ready("/health")
             cfg = Path(tmp) / "gateway.yaml"
@@ -108,20 +150,32 @@ def main(argv: list[str] | None = None) -> int:
             floor = start_floor_proxy(direct, server)
             procs.append(floor.proc)
             urls["floor uvicorn"], pids["floor uvicorn"] = floor.wait_ready("/readyz"), floor.pid
-            proc, urls["floor granian"] = start_granian(
-                "loadtests.floor_proxy:app_from_env", {"SPEEDGATE_FLOOR_UPSTREAM": direct},
-                server, Path(tmp) / "floor-granian.log")
-            procs.append(proc)
-            pids["floor granian"] = proc.pid
+            if "granian" in stacks:
+                proc, urls["floor granian"] = start_granian(
+                    "loadtests.floor_proxy:app_from_env", {"SPEEDGATE_FLOOR_UPSTREAM": direct},
+                    server, Path(tmp) / "floor-granian.log")
+                procs.append(proc)
+                pids["floor granian"] = proc.pid
+            if "pyreqwest" in stacks:
+                srv = start_pyreqwest("floor", direct, server, Path(tmp) / "floor-pyreqwest.log")
+                procs.append(srv.proc)
+                urls["floor pyreqwest"], pids["floor pyreqwest"] = (
+                    srv.wait_ready("/readyz"), srv.pid)
             gw = start_gateway(str(cfg), str(Path(tmp) / "gw.log"), cpus=server)
             procs.append(gw.proc)
             urls["speedgate uvicorn"] = gw.wait_ready("/readyz", timeout_s=60)
             pids["speedgate uvicorn"] = gw.pid
-            proc, urls["speedgate granian"] = start_granian(
-                "gateway.app:create_app_from_env", {"SPEEDGATE_CONFIG": str(cfg)}, server,
-                Path(tmp) / "gw-granian.log")
-            procs.append(proc)
-            pids["speedgate granian"] = proc.pid
+            if "granian" in stacks:
+                proc, urls["speedgate granian"] = start_granian(
+                    "gateway.app:create_app_from_env", {"SPEEDGATE_CONFIG": str(cfg)}, server,
+                    Path(tmp) / "gw-granian.log")
+                procs.append(proc)
+                pids["speedgate granian"] = proc.pid
+            if "pyreqwest" in stacks:
+                srv = start_pyreqwest("gateway", str(cfg), server, Path(tmp) / "gw-pyreqwest.log")
+                procs.append(srv.proc)
+                urls["speedgate pyreqwest"] = srv.wait_ready("/readyz", timeout_s=60)
+                pids["speedgate pyreqwest"] = srv.pid
             rows = asyncio.run(measure(args, urls, pids))  # bench_relay_events's cells
         finally:
             stop_processes(procs)

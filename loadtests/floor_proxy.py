@@ -28,6 +28,16 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body from ASGI ``receive`` (every ``http.request`` message joined)."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
 class FloorProxy:
     """ASGI app: ``POST`` anything → the same path on ``upstream``, relayed unchanged."""
 
@@ -51,12 +61,7 @@ class FloorProxy:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b""})
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await read_body(receive)
         assert self.session is not None
         try:
             async with self.session.post(self.upstream + scope["path"], data=body,
@@ -72,8 +77,9 @@ class FloorProxy:
             await send({"type": "http.response.body", "body": b""})
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Bind ``--host:--port`` (0: any free port, written to ``--port-file``) and serve."""
+def main(argv: list[str] | None = None, app_type: type[FloorProxy] = FloorProxy) -> None:
+    """Bind ``--host:--port`` (0: any free port, written to ``--port-file``) and serve an
+    ``app_type`` (``loadtests.pyreqwest_stack`` passes its pyreqwest variant)."""
     import uvicorn
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     sock.bind((a.host, a.port))
     if a.port_file:
         write_port_file(a.port_file, sock.getsockname()[1])
-    config = uvicorn.Config(FloorProxy(a.upstream), loop="uvloop", http="httptools",
+    config = uvicorn.Config(app_type(a.upstream), loop="uvloop", http="httptools",
                             lifespan="on", access_log=False, log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
 
