@@ -221,8 +221,9 @@ def ratios(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, A
             "p99_c32_vs_floor": c["burst non-stream"]["p99_ms"] / f["burst non-stream"]["p99_ms"],
             "p99_c32_vs_floor_stream": c["burst stream"]["p99_ms"] / f["burst stream"]["p99_ms"],
         }  # fmt: skip
-        out[gw] = {k: {"ratio": round(v, 2), "limit": TARGETS[k], "met": v <= TARGETS[k]}
-                   for k, v in vals.items()}
+        # judged on the ratio as printed (two decimals), so a reader's check agrees with it
+        out[gw] = {k: {"ratio": round(v, 2), "limit": TARGETS[k],
+                       "met": round(v, 2) <= TARGETS[k]} for k, v in vals.items()}
     return out
 
 
