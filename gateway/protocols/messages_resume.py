@@ -35,7 +35,7 @@ from gateway.protocols.base import ResumePoint, StreamCodec, named_event
 from gateway.protocols.body import ParsedBody
 from gateway.protocols.errors import ANTHROPIC_ERRORS
 from gateway.protocols.openai_resume import heal_tail
-from gateway.protocols.text_splice import TextSplice
+from gateway.protocols.text_splice import TextSplice, chat_continuation
 from gateway.telemetry.tokencount import count_text
 
 #: the engine's chat path the continuation is sent to (module docstring)
@@ -170,17 +170,8 @@ def continuation_body(
     ``priority``: vLLM's field, as for the first attempt."""
     doc = body.doc
     out: dict[str, Any] = {k: v for k, v in doc.items() if k not in _CONVERTED}
-    text, reasoning = point.carried()
-    produced = point.carried_tokens
-    if produced is None:
-        produced = point.tokens - count_text(point.heal)
-    prefix: dict[str, Any] = {"role": "assistant", "content": text}
-    if reasoning:
-        prefix["reasoning"] = reasoning
-    out.update(model=served_model, messages=[*chat_messages(doc), prefix], stream=True,
-               stream_options={"include_usage": True}, continue_final_message=True,
-               add_generation_prompt=False,
-               max_tokens=max(1, int(doc.get("max_tokens") or 1) - produced))
+    produced = chat_continuation(out, served_model, chat_messages(doc), point)
+    out["max_tokens"] = max(1, int(doc.get("max_tokens") or 1) - produced)
     if doc.get("stop_sequences"):
         out["stop"] = doc["stop_sequences"]
     tools = [{"type": "function", "function": {

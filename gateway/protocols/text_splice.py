@@ -7,7 +7,7 @@ piece of text to the protocol's own event (``text_event``) and the end to its ow
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import orjson
 
@@ -16,6 +16,31 @@ from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec
 from gateway.protocols.openai_splice import delta_reasoning, summed_usage
+from gateway.telemetry.tokencount import count_text
+
+
+def chat_continuation(
+    out: dict[str, Any], served_model: str, messages: list[dict[str, Any]],
+    point: ResumePoint,
+) -> int:
+    """Fill ``out`` (the client's carried fields) as the chat-completions request that
+    continues ``point``'s cut text: ``messages`` (the conversation in chat's words) plus an
+    assistant message with the carried text (the reasoning before it as ``reasoning``, which
+    vLLM's chat templates read), continued in place (``continue_final_message``), streamed
+    with usage. Returns the output tokens already produced (the engine's count of the carried
+    text when it said, else the estimate: the healed tail is generated again), for the
+    caller's output cap."""
+    text, reasoning = point.carried()
+    produced = point.carried_tokens
+    if produced is None:
+        produced = point.tokens - count_text(point.heal)
+    prefix: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        prefix["reasoning"] = reasoning
+    out.update(model=served_model, messages=[*messages, prefix], stream=True,
+               stream_options={"include_usage": True}, continue_final_message=True,
+               add_generation_prompt=False)
+    return produced
 
 
 class TextSplice(StreamCodec):
