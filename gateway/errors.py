@@ -42,6 +42,11 @@ class GatewayError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
 
+    def message_for(self, api: str) -> str:
+        """This error's message in the words of ``api`` (``openai`` | ``anthropic``): the same
+        text for every API unless a subclass words it per API (``ContextTooLong``)."""
+        return self.message
+
     def body(self) -> dict[str, Any]:
         """The OpenAI error object ``{"error": {...}}``."""
         return {

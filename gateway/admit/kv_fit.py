@@ -18,8 +18,9 @@ async def fit_replicas(
     """Count the request's tokens (prompt + output cap, into ``route.tokens``) when some
     replica of ``plan.chain`` has known limits, keep the pools where it fits (reason
     ``context-does-not-fit`` when the first tier is dropped) and let the picker skip the
-    replicas it does not fit. Raises ``ContextTooLong`` (400, naming the API's prompt field)
-    when it fits none. A body whose
+    replicas it does not fit. Raises ``ContextTooLong`` (400 in the API's words, naming the
+    prompt's tokens, the output cap and the limit, ``gateway.routing.overflow``) when it fits
+    none. A body whose
     bytes (``raw_size``) plus output cap fit the smallest known replica (a token is at least
     one byte) is not counted: bytes / 4 (OpenAI's rule of thumb) serves the headroom scorer.
     ``encoding``: the tiktoken encoding of the estimate."""
@@ -35,6 +36,17 @@ async def fit_replicas(
         raw_size, encoding,
     )
     first = plan.chain[0] if plan.chain else None
-    plan.chain = check_chain(plan.chain, route.tokens, protocol.prompt_field)
+    plan.chain = check_chain(plan.chain, route.tokens, protocol.prompt_field, cap,
+                             _output_param(protocol, body))
     if plan.chain and plan.chain[0] is not first:
         plan.reason = "context-does-not-fit"
+
+
+def _output_param(protocol: Protocol, body: ParsedBody) -> str:
+    """The body field of the output cap, as the client spelled it (chat takes either
+    ``max_tokens`` or ``max_completion_tokens``)."""
+    if protocol.output_field == "max_tokens" and isinstance(
+        body.conversation.get("max_completion_tokens"), int
+    ):
+        return "max_completion_tokens"
+    return protocol.output_field

@@ -224,6 +224,10 @@ class Protocol:
     #: the body field holding the prompt, named by a refusal of its length
     #: (``context_length_exceeded``): ``messages`` | ``prompt`` | ``input``
     prompt_field: ClassVar[str] = "messages"
+    #: the body field holding the output cap, named when prompt + cap is what does not fit:
+    #: ``max_tokens`` (chat's ``max_completion_tokens`` when the body sets that) |
+    #: ``max_output_tokens``
+    output_field: ClassVar[str] = "max_tokens"
     generates: ClassVar[bool] = True  # False: no output, no usage (token counting)
     default_tier_only: ClassVar[bool] = False  # True: tier hints ignored, default pool
     #: the stream keep-alive in this API's own form (an SSE comment, WHATWG "Server-sent

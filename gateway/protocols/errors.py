@@ -99,7 +99,7 @@ class AnthropicErrorShape(ErrorShape):
         """The error document ``{"type": "error", "error": {...}, "request_id"}``."""
         doc: dict[str, object] = {
             "type": "error",
-            "error": {"type": self.error_type(err), "message": err.message},
+            "error": {"type": self.error_type(err), "message": err.message_for("anthropic")},
         }
         if request_id:
             doc["request_id"] = request_id

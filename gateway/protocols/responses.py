@@ -174,6 +174,7 @@ class ResponsesProtocol(Protocol):
 
     name = "responses"
     prompt_field = "input"
+    output_field = "max_output_tokens"
     path = "/v1/responses"
     continuation_path = CONTINUATION_PATH  # vLLM continues a prefill on chat only
     operation = "chat"

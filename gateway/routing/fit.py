@@ -14,15 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.errors import InvalidRequest
 from gateway.fleet.pools import Pool, Replica
+from gateway.routing.overflow import ContextTooLong
 
-
-class ContextTooLong(InvalidRequest):
-    """400 ``context_length_exceeded``: the request fits no replica; the message names the
-    tokens asked and the most a replica takes."""
-
-    code = "context_length_exceeded"
+__all__ = ["ContextTooLong", "capacity_tokens", "check_chain", "fits", "fitting",
+           "free_kv_tokens", "has_room", "limits_known", "smallest_capacity"]
 
 
 def capacity_tokens(r: Replica) -> int:
@@ -82,18 +78,18 @@ def smallest_capacity(chain: Sequence[Pool]) -> int:
     return min(known, default=0)
 
 
-def check_chain(chain: Sequence[Pool], tokens: int, param: str = "messages") -> list[Pool]:
-    """The pools of ``chain`` (in order) with at least one replica ``tokens`` fits. Raises
-    ``ContextTooLong`` when there is none, naming ``tokens``, the largest capacity among
-    the chain's replicas and ``param`` (the API's prompt field: ``messages``, ``prompt``,
-    ``input``)."""
+def check_chain(
+    chain: Sequence[Pool], tokens: int, param: str = "messages", output_tokens: int = 0,
+    output_param: str = "max_tokens",
+) -> list[Pool]:
+    """The pools of ``chain`` (in order) with at least one replica ``tokens`` (prompt + output
+    cap) fits. Raises ``ContextTooLong`` when there is none, naming the prompt's tokens
+    (``tokens − output_tokens``), the output cap ``output_tokens``, the largest capacity among
+    the chain's replicas, and ``param`` (the API's prompt field: ``messages``, ``prompt``,
+    ``input``) when the prompt alone exceeds it, else ``output_param`` (the cap's field)."""
     kept = [p for p in chain if fitting(p.replicas, tokens)]
     if kept or not chain:
         return kept
     largest = max((capacity_tokens(r) for p in chain for r in p.replicas), default=0)
-    raise ContextTooLong(
-        f"This request needs {tokens} tokens (prompt and requested output), more than any "
-        f"replica of this model takes: the largest takes {largest} tokens. Shorten the "
-        f"conversation or lower the output limit.",
-        param=param,
-    )
+    raise ContextTooLong(max(0, tokens - output_tokens), output_tokens, largest,
+                         prompt_param=param, output_param=output_param)

@@ -5,6 +5,7 @@ and within standard only the large replica); one that fits no replica is refused
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import anthropic
@@ -81,7 +82,23 @@ def test_request_goes_only_where_it_fits_falling_back_to_standard(stack: Stack) 
     assert raw.headers["x-speedgate-tier"] == "fast"
 
 
-def test_fits_nowhere_is_refused_at_once_with_the_numbers(stack: Stack) -> None:
+def _numbers(pattern: str, message: str) -> list[int]:
+    m = re.fullmatch(pattern, message)
+    assert m is not None, message
+    return [int(g) for g in m.groups()]
+
+
+VLLM_PROMPT = (r"This model's maximum context length is (\d+) tokens\. However, your request has "
+               r"(\d+) input tokens\. Please reduce the length of the input messages\.")
+VLLM_CAP = (r"'max_tokens' or 'max_completion_tokens' is too large: (\d+)\. This model's "
+            r"maximum context length is (\d+) tokens and your request has (\d+) input tokens "
+            r"\((\d+) > (\d+) - (\d+)\)\.")
+ANTHROPIC_PROMPT = r"prompt is too long: (\d+) tokens > (\d+) maximum"
+ANTHROPIC_CAP = (r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+), "
+                 r"decrease input length or `max_tokens` and try again")
+
+
+def test_fits_nowhere_is_refused_at_once_in_each_apis_words(stack: Stack) -> None:
     urls = stack.sim_urls  # type: ignore[attr-defined]
     before = [_served(u) for u in urls]
     client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0)
@@ -90,33 +107,55 @@ def test_fits_nowhere_is_refused_at_once_with_the_numbers(stack: Stack) -> None:
                                        messages=[{"role": "user", "content": _prompt(70_000)}])
     err = e.value.body
     assert e.value.status_code == 400 and err["code"] == "context_length_exceeded"
-    assert err["type"] == "invalid_request_error" and f"the largest takes {LARGE} tokens" in \
-        err["message"]
+    assert err["type"] == "invalid_request_error" and err["param"] == "messages"
+    limit, prompt = _numbers(VLLM_PROMPT, err["message"])
+    assert limit == LARGE and 70_000 <= prompt < 70_100  # the gateway's count of the prompt
     # the output cap counts: a prompt that fits, asking for more output than room is left
-    with pytest.raises(openai.BadRequestError, match="the largest takes 65536"):
-        client.chat.completions.create(model=MODEL, max_tokens=60_000,
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, max_completion_tokens=60_000,
                                        messages=[{"role": "user", "content": _prompt(10_000)}])
+    assert e.value.body["code"] == "context_length_exceeded"
+    assert e.value.body["param"] == "max_completion_tokens"
+    cap, limit, prompt, cap2, limit2, prompt2 = _numbers(VLLM_CAP, e.value.body["message"])
+    assert (cap, limit, cap2, limit2, prompt2) == (60_000, LARGE, 60_000, LARGE, prompt)
+    assert 10_000 <= prompt < 10_100 and prompt + cap > LARGE
     ac = anthropic.Anthropic(base_url=stack.base_url, api_key="x", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as ae:
         ac.messages.create(model=MODEL, max_tokens=100,
                            messages=[{"role": "user", "content": _prompt(70_000)}])
-    assert ae.value.body["type"] == "error"
+    assert ae.value.status_code == 400 and ae.value.body["type"] == "error"
     assert ae.value.body["error"]["type"] == "invalid_request_error"
-    assert f"the largest takes {LARGE} tokens" in ae.value.body["error"]["message"]
-    assert [_served(u) for u in urls] == before  # no replica saw any of them
+    prompt, limit = _numbers(ANTHROPIC_PROMPT, ae.value.body["error"]["message"])
+    assert limit == LARGE and 70_000 <= prompt < 70_100
+    assert ae.value.body["error"]["message"] in str(ae.value)  # what an agent matches on
+    with pytest.raises(anthropic.BadRequestError) as ae:  # Claude Code's shape: a big cap
+        ac.messages.create(model=MODEL, max_tokens=20_000,
+                           messages=[{"role": "user", "content": _prompt(50_000)}])
+    prompt, cap, limit = _numbers(ANTHROPIC_CAP, ae.value.body["error"]["message"])
+    assert (cap, limit) == (20_000, LARGE) and 50_000 <= prompt < 50_100
+    # what Claude Code does with it: max_tokens = limit - prompt - 1000, and that is served
+    r = ac.messages.create(model=MODEL, max_tokens=limit - prompt - 1000,
+                           messages=[{"role": "user", "content": _prompt(50_000)}])
+    assert r.content
+    assert [_served(u) for u in urls][:1] == before[:1] and _served(urls[2]) == before[2]
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/responses", {"input": "x", "max_output_tokens": 1048576}, "input"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 1048576}, "prompt"),
+@pytest.mark.parametrize("path,body,param,words", [
+    ("/v1/responses", {"input": "x", "max_output_tokens": 1048576}, "max_output_tokens",
+     VLLM_CAP),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1048576}, "max_tokens", VLLM_CAP),
+    ("/v1/responses", {"input": _prompt(70_000)}, "input", VLLM_PROMPT),
+    ("/v1/completions", {"prompt": _prompt(70_000)}, "prompt", VLLM_PROMPT),
 ])
 def test_context_length_exceeded_names_this_apis_field(
-    stack: Stack, path: str, body: dict, param: str
+    stack: Stack, path: str, body: dict, param: str, words: str
 ) -> None:
-    """The fit-at-admission refusal names the prompt field of the API it answers (Responses
-    ``input``, completions ``prompt``), not chat's ``messages``, a field neither sends."""
+    """The fit-at-admission refusal names the field of the API it answers that is to change:
+    the prompt's (Responses ``input``, completions ``prompt``, not chat's ``messages``, a
+    field neither sends) when the prompt alone is too long, else the output cap's."""
     r = httpx.post(stack.base_url + path, json={"model": MODEL, **body}, timeout=30)
     assert r.status_code == 400
     err = r.json()["error"]
-    assert err["code"] == "context_length_exceeded"
+    assert err["code"] == "context_length_exceeded" and err["type"] == "invalid_request_error"
     assert err["param"] == param, err
+    assert re.fullmatch(words, err["message"]), err["message"]

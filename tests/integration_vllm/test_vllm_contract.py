@@ -237,7 +237,8 @@ def test_vllm_400_passes_through_openai_shaped(client: OpenAI, stream: bool) -> 
     assert e.value.status_code == 400
     err = e.value.body
     assert err["type"] == "invalid_request_error" and err["code"] == "context_length_exceeded"
-    assert "the largest takes 2048 tokens" in err["message"]
+    assert "is too large: 100000. This model's maximum context length is 2048 tokens" in \
+        err["message"] and err["param"] == "max_tokens"
 
 
 def test_prompt_plus_max_tokens_over_context_is_refused_before_the_engine(
@@ -252,7 +253,7 @@ def test_prompt_plus_max_tokens_over_context_is_refused_before_the_engine(
             model=MODEL, prompt=prompt_ids, max_tokens=1000, extra_body=IGNORE_EOS
         )
     assert e.value.body["code"] == "context_length_exceeded"
-    assert "the largest takes 2048 tokens" in e.value.body["message"]
+    assert "maximum context length is 2048 tokens" in e.value.body["message"]
     r = client.completions.create(  # within the context: served in full
         model=MODEL, prompt=prompt_ids, max_tokens=48, extra_body=IGNORE_EOS
     )

@@ -51,7 +51,13 @@ def test_chain_keeps_pools_that_fit_and_refuses_with_the_numbers() -> None:
     with pytest.raises(ContextTooLong) as e:
         check_chain([fast, std], 70_000)
     assert e.value.status == 400 and e.value.code == "context_length_exceeded"
-    assert "needs 70000 tokens" in e.value.message and "largest takes 65536" in e.value.message
+    assert (e.value.prompt_tokens, e.value.output_tokens, e.value.limit) == (70_000, 0, 65_536)
+    assert "maximum context length is 65536 tokens" in e.value.message
+    assert "has 70000 input tokens" in e.value.message and e.value.param == "messages"
+    with pytest.raises(ContextTooLong) as e:  # the prompt fits the largest; prompt + cap not
+        check_chain([fast, std], 70_000, "input", 32_000, "max_output_tokens")
+    assert (e.value.prompt_tokens, e.value.output_tokens, e.value.limit) == (38_000, 32_000, 65_536)
+    assert e.value.param == "max_output_tokens"
 
 
 def test_free_kv_is_capacity_minus_engine_use_or_gateway_commitment() -> None:
