@@ -186,7 +186,7 @@ def create_app(config: GatewayConfig) -> SpeedgateApp:
     def degraded() -> bool:
         return redis is not None and redis.degraded
 
-    add_model_routes(app, config, state.models, gate.authenticate)
+    add_model_routes(app, config, state.models, gate.authenticate, state.pools)
     add_response_routes(app, gate.authenticate, responses.state)
     add_ops_routes(app, state, degraded)
     add_usage_route(app, state, gate)

@@ -1,5 +1,11 @@
 """``GET /v1/models`` and ``GET /v1/models/{id}``: every name a client may send (models, their
-tiers as ``model/tier``, aliases), in the OpenAI list shape."""
+tiers as ``model/tier``, aliases), in the OpenAI list shape.
+
+Each entry carries ``max_model_len`` (vLLM's field on its own ``/v1/models``): the most tokens,
+prompt and output together, that every replica a request for that name may reach takes, i.e.
+the smallest learned limit (``gateway.routing.fit.capacity_tokens``) among them: a tier's
+entry over that tier's pool, the model's own entry and an ``auto`` alias over all its tiers.
+The field is absent while no such replica's limit is known (not yet probed)."""
 
 from __future__ import annotations
 
@@ -13,18 +19,30 @@ from starlette.responses import Response
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
+from gateway.fleet.pools import PoolRegistry
 from gateway.plan.tiers import ModelIndex
 from gateway.routes.errors import error_response, json_response
+from gateway.routing.fit import capacity_tokens
 
 
 def add_model_routes(
     app: FastAPI, config: GatewayConfig, models: ModelIndex,
-    authenticate: Callable[[Any], object],
+    authenticate: Callable[[Any], object], pools: PoolRegistry | None = None,
 ) -> None:
     """Add the two model routes to ``app``; ``authenticate(scope)`` raises a ``GatewayError``
     for a caller without a valid key (auth off: it lets everyone through). ``created`` is the
-    app's creation time (Unix seconds)."""
+    app's creation time (Unix seconds). ``pools``: where the replicas' learned limits are read
+    (None: no ``max_model_len`` field)."""
     created = int(time.time())
+
+    def max_model_len(model_name: str, tier: str | None) -> int | None:
+        if pools is None:
+            return None
+        tiers = [tier] if tier in config.models[model_name].tiers else list(
+            config.models[model_name].tiers)
+        known = [n for t in tiers if (p := pools.get(model_name, t)) is not None
+                 for r in p.replicas if (n := capacity_tokens(r))]
+        return min(known, default=None)
 
     def entry(item: tuple[str, str, Any]) -> dict[str, Any]:
         name, model_name, tier = item
@@ -38,6 +56,8 @@ def add_model_routes(
         else:
             out["parent"] = model_name
             out["tier"] = tier
+        if (limit := max_model_len(model_name, tier)) is not None:
+            out["max_model_len"] = limit
         return out
 
     @app.get("/v1/models")

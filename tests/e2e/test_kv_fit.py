@@ -159,3 +159,19 @@ def test_context_length_exceeded_names_this_apis_field(
     assert err["code"] == "context_length_exceeded" and err["type"] == "invalid_request_error"
     assert err["param"] == param, err
     assert re.fullmatch(words, err["message"]), err["message"]
+
+
+def test_models_carry_the_smallest_max_model_len_a_request_may_reach(stack: Stack) -> None:
+    """``/v1/models`` says each name's limit in vLLM's field: the smallest learned limit among
+    the replicas a request for it may reach (a tier's entry: that tier's pool; the model and
+    its ``auto`` alias: every tier)."""
+    doc = httpx.get(stack.base_url + "/v1/models", timeout=5).json()
+    limits = {m["id"]: m.get("max_model_len") for m in doc["data"]}
+    assert limits == {MODEL: FAST, f"{MODEL}-fast": FAST, f"{MODEL}-auto": FAST}
+    one = httpx.get(f"{stack.base_url}/v1/models/{MODEL}-fast", timeout=5).json()
+    assert one["max_model_len"] == FAST and one["tier"] == "fast"
+    fast = stack.sim_urls[2]  # type: ignore[attr-defined]
+    engine = httpx.get(fast + "/v1/models", timeout=5).json()["data"][0]["max_model_len"]
+    assert engine == FAST  # the same field as the engine's own
+    c = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0)
+    assert c.models.retrieve(f"{MODEL}-fast").model_extra["max_model_len"] == FAST
