@@ -47,7 +47,8 @@ $(STAMP): $(RUNTIME)
 install: $(STAMP)  ## create .venv and install speedgate with its dev extras
 
 # exec: speedgate replaces make's shell, so a SIGTERM that make forwards to its child reaches
-# the demo itself, which stops the gateway and every simulator
+# the demo itself, which stops the gateway and every simulator. Options (speedgate demo --help)
+# pass through DEMO_ARGS: `make demo DEMO_ARGS="--max-model-len 128k --kv-size llama-3-8b:tp1"`
 demo: $(RUNTIME)  ## simulated standard + fast pools and a gateway on http://127.0.0.1:8080
 	exec $(BIN)/speedgate demo --port $${PORT:-8080} $(DEMO_ARGS)
 

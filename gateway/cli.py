@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import yaml
 
 from gateway import __version__
+from gateway.capacity.kv_size import DEFAULT_KV_SIZE, DEMO_MAX_MODEL_LEN
 from gateway.common.urls import redact_url
 from gateway.config import ConfigError, load_config
 from gateway.config.advice import workers_warning
@@ -169,7 +170,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         engine=args.engine,
         port_file=args.port_file,
+        max_model_len=args.max_model_len,
+        kv_size=args.kv_size,
     )
+
+
+def _tokens(text: str) -> int:
+    """An argparse type: a token count (``1048576``, ``1M``, ``128k``; binary suffixes)."""
+    from gateway.capacity.kv_size import parse_tokens
+
+    n = parse_tokens(text)
+    if n is None or n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a token count (1048576, 1M, 128k)")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -303,6 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="multiply the simulator's modelled delays (1 = modelled speed, 0 = no delay)",
+    )
+    d.add_argument(
+        "--max-model-len", type=_tokens, default=DEMO_MAX_MODEL_LEN, metavar="TOKENS",
+        help="the simulated replicas' context length, prompt + output (vLLM's flag; 1048576, "
+        "1M, 128k; default 1M)",
+    )
+    d.add_argument(
+        "--kv-size", default=DEFAULT_KV_SIZE, metavar="TOKENS|PRESET[:tpN]",
+        help="each simulated replica's KV pool: a token count (3M) or a `speedgate capacity` "
+        f"preset on one node of H200s (default {DEFAULT_KV_SIZE}: 2,895,696 tokens)",
     )
     d.set_defaults(func=_cmd_demo)
     return p

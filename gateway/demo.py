@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from engines.procs import stop_processes, write_port_file
 from engines.sim.spawn import SimProcess, spawn_simulator
+from gateway.capacity.kv_size import DEFAULT_KV_SIZE, DEMO_MAX_MODEL_LEN, KvSize
+from gateway.capacity.kv_size import kv_size as replica_kv_size
 from gateway.config import GatewayConfig
 from gateway.server import run_server
 
@@ -58,15 +60,22 @@ def demo_config(standard: list[str], fast: list[str], host: str, port: int) -> G
     )
 
 
-def _banner(host: str, port: int, standard: list[str], fast: list[str]) -> str:
+def _banner(host: str, port: int, standard: list[str], fast: list[str],
+            limits: str = "", max_model_len: int | None = None) -> str:
+    """The start-up lines: where things are, a first request, and each coding agent's settings
+    for this port (the complete files are ``docs/agents/``). ``limits``: a line on the
+    replicas' context and KV pool; ``max_model_len``: the context the agents are told."""
     base = f"http://{host}:{port}"
     py = shlex.quote(sys.executable)  # this venv's interpreter: works from any shell
+    window = f"\n                  model_context_window = {max_model_len}" if max_model_len else ""
+    limit = (f'"limit": {{"context": {max_model_len}, "output": 32000}}'
+             if max_model_len else "")
     return f"""
 speedgate demo: gateway on {base}
-  API:     {base}/v1   (OpenAI-compatible)
+  API:     {base}/v1   (OpenAI-compatible; Anthropic Messages at {base}/v1/messages)
   console: {base}/console   (live pools, tiers, sessions; open it in a browser)
   standard pool: {", ".join(standard)}
-  fast pool (speculative decoding): {", ".join(fast)}
+  fast pool (speculative decoding): {", ".join(fast)}{limits}
 
 Try it:
   curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' \\
@@ -79,8 +88,32 @@ r = c.chat.completions.create(model='{MODEL}-fast', \\
 messages=[{{'role': 'user', 'content': 'Hi'}}]); \\
 print(r.service_tier, r.choices[0].message.content)"
 
+Coding agents (complete config files: docs/agents/; base URL {base}, any key):
+  Claude Code:  ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN=unused \\
+                ANTHROPIC_MODEL={MODEL}-fast ANTHROPIC_DEFAULT_HAIKU_MODEL={MODEL} claude
+  Codex:        SPEEDGATE_API_KEY=unused codex   with ~/.codex/config.toml:
+                  model = "{MODEL}-fast"
+                  model_provider = "speedgate"{window}
+                  [model_providers.speedgate]
+                  name = "speedgate"
+                  base_url = "{base}/v1"
+                  wire_api = "responses"
+                  env_key = "SPEEDGATE_API_KEY"
+  OpenCode:     opencode   with opencode.json:
+                  {{"$schema": "https://opencode.ai/config.json",
+                   "model": "speedgate/{MODEL}-fast",
+                   "provider": {{"speedgate": {{"npm": "@ai-sdk/openai-compatible",
+                     "options": {{"baseURL": "{base}/v1", "apiKey": "unused"}},
+                     "models": {{"{MODEL}-fast": {{{limit}}}}}}}}}}}
+
 Models: {MODEL} (standard), {MODEL}-fast, {MODEL}-standard, {MODEL}-auto.  Ctrl-C stops everything.
 """
+
+
+def _limits_line(max_model_len: int, kv: KvSize) -> str:
+    """The banner's line on the simulated replicas' context and KV pool."""
+    return (f"\n  each replica: max_model_len {max_model_len:,} tokens, KV pool {kv.tokens:,} "
+            f"tokens ({kv.num_blocks:,} blocks x {kv.block_size})\n    sized as {kv.source}")
 
 
 def run_demo(
@@ -90,20 +123,38 @@ def run_demo(
     time_scale: float = 1.0,
     engine: str = "sim",
     port_file: str | None = None,
+    max_model_len: int = DEMO_MAX_MODEL_LEN,
+    kv_size: str = DEFAULT_KV_SIZE,
 ) -> int:
     """Run the demo until interrupted; returns the exit status. ``engine``: ``sim`` (the
     simulator) or ``vllm`` (real vLLM on CPU with a tiny random-weight model, see
     ``engines.vllm``; installs its venv on first use). ``port`` 0 lets the kernel pick the
-    gateway's port; it is printed in the banner and written to ``port_file`` when given."""
+    gateway's port; it is printed in the banner and written to ``port_file`` when given.
+    ``max_model_len`` (tokens) and ``kv_size`` (``gateway.capacity.kv_size``: a token count
+    or a capacity preset) size each simulated replica (the simulator only); a pool that does
+    not hold one ``max_model_len`` sequence is exit status 2 with a line saying so."""
     if engine == "vllm":
         return _run_vllm_demo(port, host, replicas_per_tier, port_file)
+    try:
+        kv = replica_kv_size(kv_size, max_model_len)
+    except ValueError as e:
+        print(f"speedgate demo: {e}", file=sys.stderr)
+        return 2
+    if kv.tokens < max_model_len:
+        print(f"speedgate demo: a KV pool of {kv.tokens:,} tokens ({kv.source}) does not hold "
+              f"one sequence of --max-model-len {max_model_len:,} tokens (vLLM would not "
+              "start): lower --max-model-len or raise --kv-size", file=sys.stderr)
+        return 2
     sims: list[tuple[str, SimProcess]] = []
+    sim_args = ("--max-model-len", str(max_model_len), "--block-size", str(kv.block_size),
+                "--num-gpu-blocks", str(kv.num_blocks))
 
     def start() -> dict[str, list[str]]:
         seed = 0
         for tier, mode in (("standard", "standard"), ("fast", "speculative")):
             for _ in range(replicas_per_tier):
-                sims.append((tier, spawn_simulator(mode, time_scale, seed, model=MODEL)))
+                sims.append((tier, spawn_simulator(mode, time_scale, seed, sim_args,
+                                                   model=MODEL)))
                 seed += 1
         urls: dict[str, list[str]] = {"standard": [], "fast": []}
         for tier, sim in sims:  # they boot in parallel; each reports the port it bound
@@ -111,7 +162,8 @@ def run_demo(
         return urls
 
     return _serve_demo(
-        start, lambda: stop_processes([s.proc for _, s in sims]), host, port, port_file
+        start, lambda: stop_processes([s.proc for _, s in sims]), host, port, port_file,
+        _limits_line(max_model_len, kv), max_model_len,
     )
 
 
@@ -152,10 +204,13 @@ def _serve_demo(
     host: str,
     port: int,
     port_file: str | None = None,
+    limits: str = "",
+    max_model_len: int | None = None,
 ) -> int:
     """Start the engines (``start`` returns their URLs per tier), serve the gateway in front
     of them until Ctrl-C or SIGTERM, and always ``stop`` the engines (also at exit). A
-    gateway port that is taken is exit status 1 with a line saying so, not a traceback."""
+    gateway port that is taken is exit status 1 with a line saying so, not a traceback.
+    ``limits``, ``max_model_len``: the engines' sizes for the banner (``_banner``)."""
     atexit.register(stop)
 
     def _terminate(signum: int, frame: object) -> None:
@@ -166,7 +221,8 @@ def _serve_demo(
         urls = start()
 
         def listening(bound: int) -> None:
-            print(_banner(host, bound, urls["standard"], urls["fast"]), flush=True)
+            print(_banner(host, bound, urls["standard"], urls["fast"], limits, max_model_len),
+                  flush=True)
             if port_file:
                 write_port_file(port_file, bound)
 

@@ -201,3 +201,149 @@ def test_demo_on_a_taken_port_says_so_and_stops_its_simulators(tmp_path):
     for p in left:
         p.kill()
     assert left == []
+
+
+# --- the demo is a million-token model: its defaults hold a coding agent's session ------------
+
+MILLION = 1_048_576
+H200_70B_KV_TOKENS = 2_895_696  # `speedgate capacity llama-3-70b --tp 8`: 180,981 blocks x 16
+
+
+def _start_demo(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """A demo (one replica per tier, no modelled delays) with ``args``; its process and base
+    URL once its gateway answers ``/healthz``."""
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "demo", "--port", "0", "--port-file", str(port_file),
+         "--replicas", "1", "--time-scale", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=die_with_parent)
+    port = wait_port_file(port_file, proc, timeout_s=60)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail("demo gateway did not come up")
+
+
+def _stop_demo(proc: subprocess.Popen) -> str:
+    """SIGTERM the demo, wait for it; its stdout (the banner)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.stdout.read() if proc.stdout else ""
+
+
+def _model_limits(base: str) -> dict[str, int | None]:
+    doc = httpx.get(base + "/v1/models", timeout=5).json()
+    return {m["id"]: m.get("max_model_len") for m in doc["data"]}
+
+
+def _kv_tokens(base: str) -> list[int]:
+    state = httpx.get(base + "/v1/console/state", timeout=5).json()
+    return [r["engine"]["kv_tokens"] for p in state["models"][0]["pools"] for r in p["replicas"]]
+
+
+def _learned(base: str) -> bool:
+    return all(_model_limits(base).values()) and all(_kv_tokens(base))
+
+
+def _claude_code_like(client: object, prompt_words: int) -> object:
+    """A first turn as Claude Code sends it: a long system prompt with tools, ``max_tokens``
+    32000, streamed."""
+    tools = [{"name": f"Tool{i}", "description": "A tool. " * 50,
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+             for i in range(25)]
+    with client.messages.stream(  # type: ignore[attr-defined]
+        model="mymodel-fast", max_tokens=32_000, system="You are a coding agent. " * 10,
+        tools=tools, messages=[{"role": "user", "content": "word " * prompt_words}],
+    ) as stream:
+        return stream.get_final_message()
+
+
+def _banner_block(out: str, after: str) -> str:
+    """The indented lines under the banner line containing ``after``, dedented."""
+    lines = out.splitlines()
+    i = next(n for n, ln in enumerate(lines) if after in ln) + 1
+    block = []
+    while i < len(lines) and lines[i].startswith(" " * 18):
+        block.append(lines[i][18:])
+        i += 1
+    return "\n".join(block)
+
+
+def test_demo_defaults_are_a_million_token_model_that_takes_claude_codes_first_turn(tmp_path):
+    import json
+    import tomllib
+
+    import anthropic
+
+    from tests.e2e.helpers import wait_for
+
+    proc, base = _start_demo(tmp_path)
+    try:
+        assert wait_for(lambda: _learned(base), timeout_s=20), _model_limits(base)
+        assert set(_model_limits(base).values()) == {MILLION}
+        assert _kv_tokens(base) == [H200_70B_KV_TOKENS] * 2  # a real replica's pool
+        client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+        msg = _claude_code_like(client, 40_000)  # ~40k prompt tokens + 32,000 output cap
+        assert msg.usage.input_tokens > 40_000 and msg.content
+    finally:
+        out = _stop_demo(proc)
+    assert f"max_model_len {MILLION:,} tokens, KV pool {H200_70B_KV_TOKENS:,} tokens" in out
+    assert f"ANTHROPIC_BASE_URL={base} " in out and "ANTHROPIC_MODEL=mymodel-fast" in out
+    assert "docs/agents/" in out
+    codex = tomllib.loads(_banner_block(out, "~/.codex/config.toml"))
+    assert codex["model_provider"] == "speedgate" and codex["model_context_window"] == MILLION
+    assert codex["model_providers"]["speedgate"] == {
+        "name": "speedgate", "base_url": base + "/v1", "wire_api": "responses",
+        "env_key": "SPEEDGATE_API_KEY"}
+    opencode = json.loads(_banner_block(out, "opencode.json"))
+    provider = opencode["provider"]["speedgate"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"]["baseURL"] == base + "/v1"
+    assert opencode["model"] == "speedgate/mymodel-fast"
+    assert provider["models"]["mymodel-fast"]["limit"]["context"] == MILLION
+
+
+def test_demo_options_size_the_replicas_and_an_overflow_says_so(tmp_path):
+    import anthropic
+
+    from tests.e2e.helpers import wait_for
+
+    proc, base = _start_demo(tmp_path, "--max-model-len", "32k", "--kv-size", "64k")
+    try:
+        assert wait_for(lambda: _learned(base), timeout_s=20), _model_limits(base)
+        assert set(_model_limits(base).values()) == {32_768}
+        assert _kv_tokens(base) == [65_536] * 2
+        client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError) as e:
+            _claude_code_like(client, 40_000)
+        assert e.value.status_code == 400
+        assert e.value.body["error"]["type"] == "invalid_request_error"
+        message = e.value.body["error"]["message"]
+        assert message.startswith("prompt is too long: ") and message.endswith(
+            " tokens > 32768 maximum"), message
+    finally:
+        out = _stop_demo(proc)
+    assert "max_model_len 32,768 tokens, KV pool 65,536 tokens" in out
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--kv-size", "64k"), "does not hold one sequence of --max-model-len 1,048,576"),
+    (("--kv-size", "llama-3-70b:tp1"), "no memory left for the KV cache"),
+    (("--kv-size", "nope"), "neither a token count"),
+])
+def test_demo_refuses_sizes_that_hold_no_sequence_before_starting_anything(args, words):
+    r = subprocess.run([sys.executable, "-m", "gateway", "demo", "--port", "0", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
