@@ -81,9 +81,13 @@ class ClientRequest:
             elif k == b"x-request-id" and rid is None:
                 rid = v
         sid, src = headers_session(pairs)
+        get = found.get
         return cls(path=path.split("?", 1)[0].rstrip("/") or "/",
                    request_id=request_id or checked_request_id(rid), client=client,
-                   session_id=sid, session_src=src, **found)
+                   authorization=get("authorization"), api_key=get("api_key"),
+                   tier=get("tier"), priority=get("priority"), budget=get("budget"),
+                   timeout=get("timeout"), sdk_timeout=get("sdk_timeout"),
+                   sdk_read_timeout=get("sdk_read_timeout"), session_id=sid, session_src=src)
 
     @classmethod
     def from_scope(cls, scope: Scope) -> ClientRequest:
