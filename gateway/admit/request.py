@@ -39,7 +39,7 @@ _HINTS = {
 class ClientRequest:
     """One client request as admission reads it.
 
-    ``path``: the API path (no query, no trailing ``/``); ``request_id``: the client's sane
+    ``path``: the API path as the edge routes by it; ``request_id``: the client's sane
     ``x-request-id`` or a fresh one (``gateway.asgi.checked_request_id``); ``client``: the
     peer's ``host:port`` for the audit log (None when unknown). Credentials:
     ``authorization`` (``Bearer``, OpenAI's SDKs) and ``api_key`` (``x-api-key``,
@@ -82,7 +82,7 @@ class ClientRequest:
                 rid = v
         sid, src = headers_session(pairs)
         get = found.get
-        return cls(path=path.split("?", 1)[0].rstrip("/") or "/",
+        return cls(path=path,
                    request_id=request_id or checked_request_id(rid), client=client,
                    authorization=get("authorization"), api_key=get("api_key"),
                    tier=get("tier"), priority=get("priority"), budget=get("budget"),

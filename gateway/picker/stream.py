@@ -143,8 +143,9 @@ class PickerStream:
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in pairs}
         self.subset = msg.subset_hint(req)
         self.phase = "body"
+        path = self.headers.get(":path", "").split("?", 1)[0].rstrip("/")
         self.request = ClientRequest.from_headers(
-            self.headers.get(":path", ""), [(k, v) for k, v in pairs if not k.startswith(b":")])
+            path, [(k, v) for k, v in pairs if not k.startswith(b":")])
         limit = self.picker.runtime.config.server.max_body_bytes
         try:
             self.rec, self.key = self.picker.admit_head(self.request)

@@ -25,7 +25,7 @@ KEY, DIGEST = new_key()
 def test_from_headers_reads_credentials_hints_and_the_agents_session() -> None:
     """First value of a repeated header, a sane request id or a fresh one, the session by the
     proxy's precedence, values outside latin-1 read as their bytes (never raising)."""
-    req = ClientRequest.from_headers("/v1/chat/completions/?x=1", [
+    req = ClientRequest.from_headers("/v1/chat/completions", [
         (b"authorization", b"Bearer a"), (b"authorization", b"Bearer b"),
         (b"x-request-id", "r\u20ac".encode()), (b"x-speedgate-tier", b"fast"),
         (b"session_id", b"codex-1"), (b"x-claude-code-session-id", "cc-\u20ac".encode()),
