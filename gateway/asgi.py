@@ -204,10 +204,17 @@ def request_id(scope: Scope) -> str:
     third of ``uuid.uuid4().hex``)."""
     for k, v in scope["headers"]:
         if k == b"x-request-id":
-            rid = v.decode("latin-1")
-            if _REQUEST_ID_OK.match(rid):
-                return rid
-            break
+            return checked_request_id(v)
+    return secrets.token_hex(16)
+
+
+def checked_request_id(value: bytes | None) -> str:
+    """``value`` (an ``x-request-id`` header's bytes) when it is a sane token, else a fresh
+    id (``request_id``)."""
+    if value is not None:
+        rid = value.decode("latin-1")
+        if _REQUEST_ID_OK.match(rid):
+            return rid
     return secrets.token_hex(16)
 
 

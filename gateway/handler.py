@@ -16,55 +16,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from gateway.account import account
-from gateway.admit.admission import Ticket
-from gateway.admit.auth import ApiKey
 from gateway.admit.gate import Gate
-from gateway.admit.kv_fit import fit_replicas
-from gateway.admit.parse import read_checked
-from gateway.admit.ratelimit import Reservation
-from gateway.admit.session import body_session, derived_session, header_session
+from gateway.admit.lent import Lent
+from gateway.admit.path import admit_and_plan
+from gateway.admit.request import ClientRequest
 from gateway.asgi import (
     ClientDisconnected,
     DisconnectWatch,
     Scope,
-    header,
     read_body,
     send_response,
 )
 from gateway.errors import GatewayError
-from gateway.plan.auto.service import choose_auto
-from gateway.plan.chain import plan_request
 from gateway.protocols.base import Protocol, Rewrite
 from gateway.relay.answer import end_stream_with_error, usage_headers
 from gateway.relay.assembled import assemble_json
 from gateway.relay.keepalive import PrefillKeepalive
 from gateway.relay.resume import relay_resumable
 from gateway.relay.stream import SSE_HEADERS
-from gateway.routing import RouteRequest
-from gateway.routing.keys import affinity_id
 from gateway.state import GatewayState
 from gateway.telemetry.histograms import GapTimer
 from gateway.telemetry.record import RequestRecord
 from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.continuation import Resumption
-from gateway.upstream.deadline import client_timeouts
 from gateway.upstream.exchange import Exchange
 from gateway.upstream.failover import open_with_failover
 
 log = logging.getLogger("speedgate.handler")
-
-
-@dataclass(slots=True)
-class Held:
-    """What admission lent a request, given back on every exit path: the rate-limit
-    ``reservation`` and the admission ``ticket`` (pool slot, session budget hold)."""
-
-    reservation: Reservation | None = None
-    ticket: Ticket | None = None
 
 
 class ApiRoute:
@@ -79,18 +61,18 @@ class ApiRoute:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         """Serve one request; every exit path answers the client (or records 499) and is
         accounted once."""
-        ex = self._exchange(scope, send)
-        held = Held()
+        request = ClientRequest.from_scope(scope)
+        ex = self._exchange(scope, request, send)
+        lent = Lent(self.gate, self.state.admission)
         try:
-            # 1. admit (the key before reading the body; limits once the body is known)
-            key = await self._read(ex, scope, receive)
-            # 2. plan (restricted to the key's tiers), limits, band and session budget
-            ticket = await self._plan(ex, scope, key, held)
+            # 1-2. admit and plan: the key before the body is read, then the body, limits,
+            # band and session budget, the plan restricted to the key's tiers (the picker's too)
+            await self._admit(ex, scope, receive, request, lent)
             final: dict[str, Any] | None = None
             async with DisconnectWatch(receive, scope), self.protocol.running(ex.body,
                                                                               ex.rec) as run:
                 # 3. attempt (after a saturated pool's queue), kept alive while silent
-                opened = await self._open(ex, ticket)
+                opened = await self._open(ex, lent)
                 run.replica = opened.attempt.replica.url
                 ex.attempts.append(opened)  # and the continuations of a resumed stream
                 try:
@@ -109,7 +91,7 @@ class ApiRoute:
             ex.rec.status, ex.rec.outcome = 499, "client_disconnected"
         except GatewayError as e:
             ex.rec.outcome = ex.rec.outcome or e.code or e.type
-            await self._fail(ex, e, ex.limit_headers)
+            await self._fail(ex, e, lent.headers)
         except Exception:
             log.exception("internal error on request %s", ex.rec.request_id)
             ex.rec.outcome = "internal_error"
@@ -118,9 +100,9 @@ class ApiRoute:
             await self._cut_by_shutdown(ex)
         finally:
             # 5. account, then give back the rate-limit reservation with the actual usage
-            await self._finish(ex, held)
+            await self._finish(ex, lent)
 
-    def _exchange(self, scope: Scope, send: Any) -> Exchange:
+    def _exchange(self, scope: Scope, request: ClientRequest, send: Any) -> Exchange:
         """The request's context: its record (with the session its headers name) and its
         span, continuing the client's trace context."""
         rec = RequestRecord(
@@ -128,84 +110,37 @@ class ApiRoute:
             path=self.protocol.path,
             operation=self.protocol.operation,
         )
-        rec.session_id, rec.session_src = header_session(scope)
+        rec.session_id, rec.session_src = request.session_id, request.session_src
         trace = self.state.telemetry.start_request(
             scope["headers"], self.protocol.operation, self.protocol.span_attributes()
         )
         rec.trace_id = trace.trace_id
         return Exchange(self.state, self.protocol, rec, trace, send)
 
-    async def _read(self, ex: Exchange, scope: Scope, receive: Any) -> ApiKey | None:
-        """The caller's key (401 first, before the body is read), then the body read
-        (bounded by ``server.max_body_bytes``: 413) and checked (400 in the API's shape:
-        a client's mistake never reaches a replica; large bodies parsed off the loop) into
-        ``ex.parsed``; the body's ``prompt_cache_key`` is the session when no header named
-        one."""
-        cfg, rec = self.state.config.server, ex.rec
-        key = self.gate.authenticate(scope, rec) if self.gate is not None else None
-        raw = await read_body(scope, receive, cfg.max_body_bytes)
-        ex.raw_size = len(raw)
-        ex.parsed = await read_checked(self.protocol, raw, cfg.max_json_depth)
-        if rec.session_id is None:
-            rec.session_id, rec.session_src = body_session(ex.parsed.doc)
-        return key
+    async def _admit(
+        self, ex: Exchange, scope: Scope, receive: Any, request: ClientRequest, lent: Lent
+    ) -> None:
+        """The caller's key (401 first, before the body is read), the body read (bounded by
+        ``server.max_body_bytes``: 413), then ``admit_and_plan`` (``gateway.admit.path``):
+        checks, tier and entitlement, limits, band and session budget into ``lent``, the
+        plan and KV fit (``ex.parsed``, ``ex.planned``), then the client's timeouts."""
+        key = self.gate.check_key(request, ex.rec) if self.gate is not None else None
+        request = request.with_body(
+            await read_body(scope, receive, self.state.config.server.max_body_bytes))
+        ex.raw_size = request.size
+        admitted = await admit_and_plan(self.state, self.gate, self.protocol, request, key,
+                                        ex.rec, lent)
+        ex.parsed, ex.planned, ex.limit_headers = admitted.body, admitted.plan, lent.headers
+        ex.timeouts = request.timeouts()
 
-    async def _plan(self, ex: Exchange, scope: Scope, key: ApiKey | None, held: Held) -> Ticket:
-        """Tier request and entitlement (403), the protocol's preparation (e.g.
-        ``previous_response_id`` expanded: 404), the derived session when none was named
-        (``gateway.admit.session``), rate limits before any routing work (429: a refused
-        request costs ~0), priority band and session budget (``held.ticket``; past its soft
-        share auto takes the cheaper tier), routing keys once (sessions scoped to the API
-        key), the auto choice and the plan (``ex.planned``), the client's timeouts. Returns
-        the ticket (also in ``held``)."""
-        state, gate, protocol, body, rec = self.state, self.gate, self.protocol, ex.body, ex.rec
-        treq = state.models.resolve(
-            body.doc["model"],
-            header(scope, b"x-speedgate-tier"),
-            protocol.service_tier(body.doc),
-            default_only=protocol.default_tier_only,
-        )
-        allowed = gate.entitle(key, treq, scope, rec) if gate is not None else None
-        await protocol.prepare(body, rec.key_id)  # e.g. previous_response_id expanded
-        if rec.session_id is None:  # none named: the Responses chain, else the conversation
-            rec.session_id, rec.session_src = derived_session(
-                body.chain_root, body.conversation, rec.key_id)
-        if gate is not None:
-            held.reservation, ex.limit_headers = await gate.reserve(key, body, protocol,
-                                                                    ex.raw_size)
-        held.ticket = ticket = await state.admission.enter(key, treq, allowed, scope, body,
-                                                           ex.raw_size, rec)
-        ex.limit_headers = ex.limit_headers + ticket.headers()
-        # auto weighs each pool's live estimate for this request
-        route = RouteRequest.from_doc(
-            body.conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
-            scope=rec.key_id,
-        )
-        choice = await choose_auto(state.auto, treq, route, body.conversation, allowed,
-                                   ticket.over_soft_budget)
-        plan = ex.planned = plan_request(treq, state.pools, allowed, choice)
-        plan.route, rec.auto_choice = route, plan.auto
-        # only replicas whose context and KV pool hold it; fits none: refused now
-        await fit_replicas(plan, route, body, ex.raw_size, protocol,
-                           state.config.telemetry.usage_estimate_encoding)
-        plan.engine_priority = ticket.engine_priority
-        ex.timeouts = client_timeouts(
-            header(scope, b"x-speedgate-timeout"),
-            header(scope, b"x-stainless-timeout"),
-            header(scope, b"x-stainless-read-timeout"),
-        )
-        rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
-        return ticket
-
-    async def _open(self, ex: Exchange, ticket: Ticket) -> OpenedResponse:
+    async def _open(self, ex: Exchange, lent: Lent) -> OpenedResponse:
         """The first attempt that answered (``open_with_failover``), after a slot on the
         plan's first pool: waiting in its queue while it is saturated (band order, fair share)
         or refused (``ex.timeouts`` less the wait). A stream silent for long (queue, prefill)
         is committed and kept alive meanwhile (``ex.started``: errors now in-band)."""
         keepalive = self._keepalive(ex)
         try:
-            left_s = await self.state.admission.wait(ticket, ex.plan, ex.timeouts.total_s,
-                                                     ex.rec)
+            left_s = await lent.wait(ex.plan, ex.timeouts.total_s, ex.rec)
             ex.timeouts = replace(ex.timeouts, total_s=left_s)
             return await open_with_failover(
                 ex, heartbeat=keepalive.heartbeat if keepalive is not None else None)
@@ -228,18 +163,14 @@ class ApiRoute:
         elif ex.parsed is not None and ex.parsed.stream:
             await end_stream_with_error(ex.send, self.protocol, ex.codecs, err)
 
-    async def _finish(self, ex: Exchange, held: Held) -> None:
-        """Account the request (``gateway.account``), then give back the rate-limit
-        reservation with the actual usage, the pool slot, and the session budget's hold
-        settled at its cost: each even when the one before raised."""
+    async def _finish(self, ex: Exchange, lent: Lent) -> None:
+        """Account the request (``gateway.account``), then give back what admission lent
+        (``Lent.release``: the rate-limit reservation with the actual usage, the pool slot,
+        the session budget's hold settled at its cost), even when accounting raised."""
         try:
             await account(self.state, ex)
         finally:
-            try:
-                if held.reservation is not None and self.gate is not None:
-                    await self.gate.release(held.reservation, ex.rec)
-            finally:
-                await self.state.admission.leave(held.ticket, ex.rec)
+            await lent.release(ex.rec)
 
     async def _cut_by_shutdown(self, ex: Exchange) -> None:
         """Documented behaviour, not a failure: past ``server.graceful_shutdown_s`` uvicorn

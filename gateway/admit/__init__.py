@@ -1,6 +1,11 @@
 """Admission, the first step of the request path: who may send this request, and may it go now.
 
-- ``gate``: ``Gate``, what the handler calls: ``authenticate`` (API key), ``entitle`` (model and
+- ``request``: ``ClientRequest``, the client's request as both edges (proxy, picker) read it
+  once: credentials, hints, the session its headers name, body;
+- ``path``: ``admit_and_plan``, the one decision path of both edges (body checks, tier,
+  entitlements, limits, band and budget, plan, KV fit); ``lent``: ``Lent``, what admission
+  lent one request, given back once;
+- ``gate``: ``Gate``, what the handler calls: ``check_key`` (API key), ``entitle`` (model and
   tier), ``reserve`` (rate limits, all-or-nothing) and ``release`` when the request ends;
 - ``auth``: API keys (hashed), entitlements per model and tier, ``PermissionDenied``;
 - ``ratelimit``: token buckets per key (``MemoryLimiter``, the ``Limiter`` interface,

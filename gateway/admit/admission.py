@@ -1,6 +1,6 @@
 """Admission under load (DESIGN §13), after the gate: what the handler calls, in this order.
 
-1. ``enter(key, treq, allowed, scope, body, raw_size, rec)`` after the rate limits: the
+1. ``enter(key, treq, allowed, request, body, rec)`` after the rate limits: the
    request's priority band (``flow.bands``; 400/403 for a bad ``x-speedgate-priority``) and its
    session budget (``budget``; 429 ``session_budget_exceeded``) → a ``Ticket``. Its
    ``over_soft_budget`` steers ``auto`` to the cheaper tier, its ``engine_priority`` goes to
@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.admit.auth import load_keys
-from gateway.admit.budget import HEADER as BUDGET_HEADER
 from gateway.admit.budget import BudgetHold, SessionBudgets, estimate_usd
 from gateway.admit.budget_redis import RedisBudgetLedger
 from gateway.admit.flow.bands import HEADER as PRIORITY_HEADER
@@ -31,12 +30,12 @@ from gateway.admit.flow.flow_control import (
     QueueRefused,
     Slot,
 )
-from gateway.asgi import Scope, header
 from gateway.config import ConfigError, GatewayConfig, check_key_bands
 from gateway.upstream.deadline import total_timeout_s
 
 if TYPE_CHECKING:
     from gateway.admit.auth import ApiKey
+    from gateway.admit.request import ClientRequest
     from gateway.fleet.pools import PoolRegistry
     from gateway.plan.chain import Plan
     from gateway.plan.tiers import TierRequest
@@ -82,21 +81,21 @@ class AdmissionControl:
         key: ApiKey | None,
         treq: TierRequest,
         allowed: frozenset[str] | None,
-        scope: Scope,
+        request: ClientRequest,
         body: ParsedBody,
-        raw_size: int,
         rec: RequestRecord,
     ) -> Ticket:
-        """Band and session budget of one request (see the module docstring)."""
+        """Band and session budget of one request (see the module docstring): its band from
+        ``request.priority``, its budget hold from ``request.budget``."""
         cfg = key.config if key is not None else None
-        adm = self.flow.classify(cfg, header(scope, PRIORITY_HEADER.encode()), body.doc,
-                                 raw_size, rec.session_id)
+        raw_size = request.size
+        adm = self.flow.classify(cfg, request.priority, body.doc, raw_size, rec.session_id)
         rec.band, rec.flex = adm.band.name, adm.flex
         ticket = Ticket(adm)
         output = adm.cost - raw_size / BYTES_PER_TOKEN
         prices = [p.prices for t, p in treq.model.tiers.items() if allowed is None or t in allowed]
         ticket.hold = await self.budgets.reserve(
-            cfg, rec.session_id, header(scope, BUDGET_HEADER.encode()), treq.model_name,
+            cfg, rec.session_id, request.budget, treq.model_name,
             estimate_usd(raw_size / BYTES_PER_TOKEN, output, prices), rec.request_id)
         return ticket
 

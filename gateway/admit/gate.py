@@ -2,9 +2,10 @@
 
 ``Gate`` is what the handler calls, in this order:
 
-1. ``authenticate(scope, rec)`` before the body is read (a bad key costs no body read): 401;
+1. ``check_key(request, rec)`` before the body is read (a bad key costs no body read): 401;
    the key comes from ``Authorization: Bearer`` (OpenAI SDKs) or ``x-api-key`` (Anthropic's);
-2. ``entitle(key, treq, rec)`` after tier resolution: 403, or the tiers the planner may use;
+2. ``entitle(key, treq, request, rec)`` after tier resolution: 403, or the tiers the
+   planner may use;
 3. ``reserve(key, body, protocol, raw_size)`` after planning: 429 (or 503 fail-closed), else a
    ``Reservation`` and the ``x-ratelimit-*`` headers for the response;
 4. ``release(reservation, rec)`` exactly once after accounting, on every exit path
@@ -37,6 +38,7 @@ from gateway.admit.ratelimit import (
     release,
 )
 from gateway.admit.ratelimit_redis import RedisLimiter
+from gateway.admit.request import ClientRequest
 from gateway.asgi import Scope, header
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
@@ -94,12 +96,23 @@ class Gate:
         return self.keyring.enabled
 
     def authenticate(self, scope: Scope, rec: RequestRecord | None = None) -> ApiKey | None:
-        """The caller's key (None with auth disabled); 401 ``AuthenticationError`` otherwise.
-        Sets ``rec.key_id``. Audits failures."""
+        """The caller's key from an ASGI ``scope`` (the app's own routes); see
+        ``check_key``."""
+        return self._key(header(scope, b"authorization"), header(scope, b"x-api-key"),
+                         rec.request_id if rec else scope.get("speedgate.request_id"),
+                         client_addr(scope), scope.get("path"), rec)
+
+    def check_key(self, request: ClientRequest, rec: RequestRecord) -> ApiKey | None:
+        """The key of ``request``'s credentials, read from its headers before its body (a
+        bad key costs no body read): None with auth disabled; 401 ``AuthenticationError``
+        otherwise. Sets ``rec.key_id``. Audits failures."""
+        return self._key(request.authorization, request.api_key, rec.request_id,
+                         request.client, request.path, rec)
+
+    def _key(self, authorization: str | None, api_key: str | None, request_id: str | None,
+             client: str | None, path: str | None, rec: RequestRecord | None) -> ApiKey | None:
         if not self.keyring.enabled:
             return None
-        authorization = header(scope, b"authorization")
-        api_key = header(scope, b"x-api-key")
         try:
             key = self.keyring.authenticate(authorization, api_key)
         except AuthenticationError as e:
@@ -107,10 +120,10 @@ class Gate:
             self.audit.event(
                 "auth_failed",
                 code=e.code,
-                request_id=rec.request_id if rec else scope.get("speedgate.request_id"),
+                request_id=request_id,
                 key_fingerprint=fingerprint(token) if token else None,
-                client=client_addr(scope),
-                path=scope.get("path"),
+                client=client,
+                path=path,
             )
             raise
         if rec is not None:
@@ -118,7 +131,7 @@ class Gate:
         return key
 
     def entitle(
-        self, key: ApiKey | None, treq: TierRequest, scope: Scope, rec: RequestRecord
+        self, key: ApiKey | None, treq: TierRequest, request: ClientRequest, rec: RequestRecord
     ) -> frozenset[str] | None:
         """Tiers of ``treq``'s model the key may be served on (None: no restriction); 403
         ``PermissionDenied`` (audited) when the model or an explicit tier is not the key's."""
@@ -135,8 +148,8 @@ class Gate:
                 model=treq.model_name,
                 tier=treq.tier,
                 tier_source=treq.source,
-                client=client_addr(scope),
-                path=scope.get("path"),
+                client=request.client,
+                path=request.path,
             )
             raise
 

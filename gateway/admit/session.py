@@ -37,9 +37,10 @@ Values longer than ``MAX_ID_CHARS`` are kept as their fixed-size digest (``bound
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from gateway.asgi import Scope, header
+from gateway.asgi import Scope
 from gateway.common.ids import bounded_id
 from gateway.routing.keys import CONVERSATION, RESPONSES_CHAIN, session_key
 
@@ -58,10 +59,22 @@ CACHE_KEY_FIELD = "prompt_cache_key"
 def header_session(scope: Scope) -> tuple[str | None, str | None]:
     """``(session id, source)`` of the first session header present and non-empty (the id
     bounded, ``bounded_id``), ``(None, None)`` when there is none."""
+    return headers_session(scope["headers"])
+
+
+def headers_session(
+    headers: Iterable[tuple[bytes, bytes]],
+) -> tuple[str | None, str | None]:
+    """``header_session`` over a header list (lower-case byte names, the first value of a
+    repeated header counts, values decoded as latin-1): what both edges, the ASGI proxy and
+    the ext_proc picker, read a request's session from."""
+    first: dict[bytes, bytes] = {}
+    for k, v in headers:
+        first.setdefault(k, v)
     for name, source in SESSION_HEADERS:
-        raw = header(scope, name)
+        raw = first.get(name)
         if raw:
-            return bounded_id(raw), source
+            return bounded_id(raw.decode("latin-1")), source
     return None, None
 
 

@@ -1,10 +1,12 @@
 """One request's decision in picker mode, and what its answer teaches the ledgers.
 
-``Picker.pick`` runs the gateway's own steps 1-2 (``gateway.handler``) on the request Envoy
-holds: key and entitlements, rate limits, the body's protocol (model, stream, conversation),
-tier (header, alias, ``service_tier``, ``auto`` with live estimates), priority band and
-session budget, the queue of a saturated pool, then the pool's router (prefix and session
-affinity under the bounded-load rule) for the first replica. The answer is an ordered list of
+``Picker.admit_head`` checks the request's headers as soon as Envoy sends them (the client API
+its path names: 404; its key: 401), before a body byte is kept. ``Picker.pick`` then runs the
+proxy's own decision path on the whole request (``gateway.admit.path.admit_and_plan``: body
+checks, tier and entitlement, rate limits, priority band and session budget, the plan with
+``auto``'s live estimates, KV fit), the queue of a saturated pool, then the pool's router
+(prefix and session affinity under the bounded-load rule) for the first replica among those
+the request fits. The answer is an ordered list of
 ``ip:port``: the router's choice, the other usable replicas of its pool (fewest in flight
 first), then those of the fallback chain's later pools that serve the same engine model name
 (Envoy's retries walk the list before the first byte, as the proxy's failover does).
@@ -19,26 +21,24 @@ body streamed to the picker settles the session budget and the rate-limit reserv
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from gateway.admit.admission import Ticket
+from gateway.admit.auth import ApiKey
 from gateway.admit.flow.flow_control import BYTES_PER_TOKEN
 from gateway.admit.flow.refusal import QueueRefused
-from gateway.admit.ratelimit import Reservation
-from gateway.admit.session import derived_session
-from gateway.common.ids import bounded_id
+from gateway.admit.lent import Lent
+from gateway.admit.path import Admitted, admit_and_plan
+from gateway.admit.request import ClientRequest
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, NoHealthyReplica
 from gateway.fleet.pools import Pool, Replica
 from gateway.picker.runtime import PickerRuntime
-from gateway.plan.auto.service import choose_auto
-from gateway.plan.chain import Plan, plan_request
+from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol
 from gateway.protocols.body import ParsedBody
-from gateway.routing import RouteRequest, pick_least_inflight, pick_replica
-from gateway.routing.keys import affinity_id
+from gateway.routing import pick_least_inflight, pick_replica
+from gateway.routing.fit import fitting
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.record import RequestRecord
 
@@ -56,8 +56,9 @@ def endpoint_of(replica: Replica) -> str:
 class Pick:
     """A decided request. ``endpoints``: the ordered replicas whose ``ip:port`` list goes to
     Envoy; ``payload``: the body sent upstream (``model`` rewritten to the engine's name);
-    ``held``: the replica whose in-flight count this request holds (the first pick, then the
-    one that served); ``status``: the upstream's HTTP status once its headers came back."""
+    ``lent``: what admission lent it, the in-flight count on the replica that holds it (the
+    first pick, then the one that served) included, given back by ``Picker.finish``;
+    ``status``: the upstream's HTTP status once its headers came back (0: unparseable)."""
 
     rec: RequestRecord
     protocol: Protocol
@@ -65,9 +66,7 @@ class Pick:
     plan: Plan
     endpoints: list[Replica]
     payload: bytes
-    ticket: Ticket | None = None
-    reservation: Reservation | None = None
-    held: Replica | None = None
+    lent: Lent
     served: Replica | None = None
     status: int = 0
     finished: bool = False
@@ -105,74 +104,58 @@ class Picker:
                 return r
         return None
 
-    async def pick(
-        self, headers: dict[str, str], raw: bytes, subset: list[str] | None
-    ) -> Pick:
-        """Decide where the request with ``headers`` (lower-case names, pseudo-headers
-        included) and body ``raw`` goes; ``subset``: the data plane's allowed ``ip:port`` list
-        (None: any). Raises ``GatewayError`` in the client API's terms: 404 for a path the
-        picker does not serve, 400/413 for a bad body, 401/403/429 from the key, 429 (with
-        ``Retry-After``) when admission sheds, 503 ``NoHealthyReplica`` when no endpoint (of
-        the subset) is usable."""
-        rt = self.runtime
-        path = headers.get(":path", "").split("?", 1)[0].rstrip("/")
+    def admit_head(self, request: ClientRequest) -> tuple[RequestRecord, ApiKey | None]:
+        """Check ``request``'s headers before its body is read: the record of a path the
+        picker serves (404 ``unknown_url`` otherwise) and the caller's key (401, audited).
+        Raises ``GatewayError`` in the client API's terms."""
+        protocol = self.protocol_of(request.path)
+        rec = RequestRecord(request_id=request.request_id, path=request.path,
+                            operation=protocol.operation)
+        rec.session_id, rec.session_src = request.session_id, request.session_src
+        return rec, self.runtime.gate.check_key(request, rec)
+
+    def protocol_of(self, path: str) -> Protocol:
+        """The client API of ``path``; 404 ``GatewayError`` for a path not served here."""
         protocol = self.protocols.get(path)
-        rid = headers.get("x-request-id") or uuid.uuid4().hex
-        rec = RequestRecord(request_id=rid, path=path)
         if protocol is None:
             raise GatewayError(f"picker mode does not serve {path!r}", status=404,
                                type="invalid_request_error", code="unknown_url")
-        rec.operation = protocol.operation
-        sid = headers.get("x-session-id")
-        rec.session_id = bounded_id(sid) if sid is not None else None
-        scope = {"type": "http", "path": path, "client": None,
-                 "headers": [(k.encode("latin-1"), v.encode("latin-1"))
-                             for k, v in headers.items() if not k.startswith(":")]}
-        limit = rt.config.server.max_body_bytes
-        if len(raw) > limit:
-            raise GatewayError(f"request body larger than {limit} bytes", status=413,
-                               type="invalid_request_error", code="request_too_large")
-        key = rt.gate.authenticate(scope, rec)
-        body = protocol.parse(raw)
-        body.assemble = False  # Envoy carries the engine's own answer: JSON stays JSON
-        treq = rt.models.resolve(body.doc["model"], headers.get("x-speedgate-tier"),
-                                 protocol.service_tier(body.doc),
-                                 default_only=protocol.default_tier_only)
-        allowed = rt.gate.entitle(key, treq, scope, rec)
-        reservation, _ = await rt.gate.reserve(key, body, protocol, len(raw))
-        pick: Pick | None = None
-        ticket: Ticket | None = None
+        return protocol
+
+    async def pick(
+        self, request: ClientRequest, key: ApiKey | None, rec: RequestRecord,
+        subset: list[str] | None,
+    ) -> Pick:
+        """Decide where ``request`` (with its decoded body; ``key`` and ``rec`` from
+        ``admit_head``) goes; ``subset``: the data plane's allowed ``ip:port`` list (None:
+        any). Raises ``GatewayError`` in the client API's terms: 400/404/403/429 from
+        ``admit_and_plan``, 429 (with ``Retry-After``) when a saturated pool's queue sheds,
+        503 ``NoHealthyReplica`` when no endpoint (of the subset) is usable; what admission
+        lent is given back before it raises, else by ``finish``."""
+        rt = self.runtime
+        protocol = self.protocol_of(request.path)
+        lent = Lent(rt.gate, rt.admission)
         try:
-            if rec.session_id is None:  # none named: the conversation (gateway.admit.session)
-                rec.session_id, rec.session_src = derived_session(
-                    body.chain_root, body.conversation, rec.key_id)
-            ticket = await rt.admission.enter(key, treq, allowed, scope, body, len(raw), rec)
-            route = RouteRequest.from_doc(
-                body.conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
-                scope=rec.key_id)
-            choice = await choose_auto(rt.auto, treq, route, body.conversation, allowed,
-                                       ticket.over_soft_budget)
-            plan = plan_request(treq, rt.pools, allowed, choice)
-            plan.route, plan.engine_priority = route, ticket.engine_priority
-            rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
+            admitted = await admit_and_plan(rt, rt.gate, protocol, request, key, rec, lent)
+            admitted.body.assemble = False  # Envoy carries the engine's answer: JSON stays JSON
             try:
-                await rt.admission.wait(ticket, plan, None, rec)
+                await lent.wait(admitted.plan, None, rec)
             except QueueRefused as e:  # shed: 429, the data plane's "dropped under load"
                 raise GatewayError(e.message, status=429, type="rate_limit_error",
                                    code=e.code, retry_after_s=e.retry_after_s) from None
-            pick = await self._choose(plan, body, protocol, rec, subset)
-            pick.ticket, pick.reservation = ticket, reservation
-            return pick
-        finally:
-            if pick is None:  # refused: give the slot, the budget and the reservation back
-                await rt.admission.leave(ticket, rec)
-                await rt.gate.release(reservation, rec)
+            return await self._choose(admitted, protocol, rec, subset)
+        except BaseException:  # refused: the slot, the budget and the reservation back
+            await lent.release(rec)
+            raise
 
     async def _choose(
-        self, plan: Plan, body: ParsedBody, protocol: Protocol, rec: RequestRecord,
+        self, admitted: Admitted, protocol: Protocol, rec: RequestRecord,
         subset: list[str] | None,
     ) -> Pick:
-        """The ordered endpoints of ``plan`` (module docstring), the first by the router."""
+        """The ordered endpoints of ``admitted.plan`` (module docstring), the first by the
+        router, each a replica the request fits (``plan.route.tokens``, when counted)."""
+        plan, body = admitted.plan, admitted.body
+        tokens = plan.route.tokens if plan.route is not None else 0
         now = time.monotonic()
         allowed = set(subset) if subset is not None else None
         first_pool = None
@@ -182,8 +165,8 @@ class Picker:
             if first_pool is not None and (pool.config.served_model_name
                                            != first_pool.config.served_model_name):
                 continue  # one body for the whole list: only pools of the same engine model
-            usable = [r for r in pool.usable(now)
-                      if allowed is None or endpoint_of(r) in allowed]
+            usable = fitting([r for r in pool.usable(now)
+                              if allowed is None or endpoint_of(r) in allowed], tokens)
             if not usable:
                 reasons.append(f"{pool.tier}:no-usable-replica")
                 continue
@@ -213,9 +196,8 @@ class Picker:
         prio = plan.engine_priority if first_pool.config.scheduling_policy == "priority" else None
         payload = protocol.upstream_body(body, first_pool.config.served_model_name,
                                          priority=prio)
-        pick = Pick(rec, protocol, body, plan, ordered, payload)
-        pick.held = ordered[0]
-        ordered[0].inflight += 1
+        pick = Pick(rec, protocol, body, plan, ordered, payload, admitted.lent)
+        pick.lent.hold(ordered[0], first_pool)
         pick.headers = self._response_headers(pick)
         return pick
 
@@ -227,14 +209,15 @@ class Picker:
             out.append(("x-speedgate-tier", rec.served_tier))
         if rec.fallback:
             out.append(("x-speedgate-fallback", rec.fallback))
-        if pick.ticket is not None:
-            out += [(k.decode(), v.decode()) for k, v in pick.ticket.headers()]
+        if pick.lent.ticket is not None:
+            out += [(k.decode(), v.decode()) for k, v in pick.lent.ticket.headers()]
         return out
 
     async def served(self, pick: Pick, endpoint: str | None, status: int) -> list[tuple[str, str]]:
         """The upstream answered ``status`` from ``endpoint`` (``ip:port``; None: unknown,
-        taken as the first pick). Moves the in-flight slot and the session's binding to the
-        replica that served, feeds outlier ejection; returns the headers to add to the
+        taken as the first pick; ``status`` 0: unparseable, counted neither way). Moves the
+        in-flight slot and the session's binding to the replica that served, feeds outlier
+        ejection; returns the headers to add to the
         client's response (tier, replica name, request id)."""
         pick.status = status
         served = self._replica_at(endpoint) if endpoint else None
@@ -243,7 +226,7 @@ class Picker:
         pool = self._pool_of(served)
         now = time.monotonic()
         if pool is not None:
-            if served is not pick.held and pick.held is not None:
+            if served is not pick.lent.replica and pick.lent.replica is not None:
                 # Envoy retried: the earlier endpoints of the list failed before this one
                 failed = pick.endpoints[:pick.endpoints.index(served)] if (
                     served in pick.endpoints) else []
@@ -251,13 +234,11 @@ class Picker:
                     rp = self._pool_of(r)
                     if rp is not None:
                         rp.record_failure(r, now)
-                self._release(pick)
-                served.inflight += 1
-                pick.held = served
+                pick.lent.hold(served, pool)
                 await pick_replica(pool, pick.plan.route, [served])  # the binding follows
             if status >= 500:
                 pool.record_failure(served, now)
-            else:
+            elif status:
                 pool.record_success(served)
             pick.rec.served_tier = pool.tier
         pick.rec.replica, pick.rec.status = served.name, status
@@ -277,16 +258,6 @@ class Picker:
             cap = self.runtime.config.flow_control.default_output_tokens
         return Usage(prompt=int(len(pick.body.raw) / BYTES_PER_TOKEN), completion=cap)
 
-    def _release(self, pick: Pick) -> None:
-        held, pick.held = pick.held, None
-        if held is None:
-            return
-        pool = self._pool_of(held)
-        if pool is not None:
-            pool.release(held)
-        else:
-            held.inflight -= 1
-
     async def finish(self, pick: Pick, usage: Usage | None) -> None:
         """The request is over (response ended, or the stream closed): the in-flight slot,
         the admission slot, the session budget (at the cost of ``usage``, the engine's usage
@@ -304,8 +275,4 @@ class Picker:
         if usage is not None and pool is not None:
             rec.cost_usd = cost_usd(usage, pool.config.prices, rec.flex)
         rec.outcome = "ok" if 200 <= pick.status < 300 else rec.outcome or "error"
-        self._release(pick)
-        try:
-            await self.runtime.admission.leave(pick.ticket, rec)
-        finally:
-            await self.runtime.gate.release(pick.reservation, rec)
+        await pick.lent.release(rec)

@@ -32,13 +32,20 @@ ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"  # where Envoy puts the requested
 MAX_CHUNK_BYTES = 62_000
 
 
+def header_pairs(headers: base_pb2.HeaderMap) -> list[tuple[bytes, bytes]]:
+    """Envoy's header list as ASGI's: ``(lower-case name, value)`` byte pairs in order, the
+    value as sent: ``raw_value`` (what Envoy sends), else ``value`` (a UTF-8 string by the
+    protocol) encoded back to its UTF-8 bytes, so that no value, latin-1 or not, breaks a
+    later step."""
+    return [(h.key.lower().encode("utf-8"),
+             h.raw_value if h.raw_value else h.value.encode("utf-8"))
+            for h in headers.headers]
+
+
 def header_map(headers: base_pb2.HeaderMap) -> dict[str, str]:
-    """Envoy's header list as ``{lower-case name: value}`` (``raw_value`` preferred, as Envoy
-    sends it; a repeated header keeps its last value)."""
-    out: dict[str, str] = {}
-    for h in headers.headers:
-        out[h.key.lower()] = h.raw_value.decode("latin-1") if h.raw_value else h.value
-    return out
+    """Envoy's header list as ``{lower-case name: value}`` (``header_pairs`` read as latin-1,
+    as HTTP field bytes are; a repeated header keeps its last value)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in header_pairs(headers)}
 
 
 def subset_hint(req: ep.ProcessingRequest) -> list[str] | None:

@@ -24,7 +24,7 @@ from grpc_health.v1._async import HealthServicer
 
 from gateway.picker.decide import Picker
 from gateway.picker.runtime import PickerRuntime
-from gateway.picker.stream import PickerStream
+from gateway.picker.stream import OutOfOrder, PickerStream
 from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
 from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
 
@@ -51,9 +51,13 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):
     async def Process(
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: Any
     ) -> AsyncIterator[ep.ProcessingResponse]:
-        """Answer the messages of one stream (``gateway.picker.stream``)."""
-        async for out in PickerStream(self.picker).run(request_iterator):
-            yield out
+        """Answer the messages of one stream (``gateway.picker.stream``); a message out of
+        the stream's order ends it with ``FAILED_PRECONDITION``."""
+        try:
+            async for out in PickerStream(self.picker).run(request_iterator):
+                yield out
+        except OutOfOrder as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
 
 
 class PickerServer:

@@ -13,6 +13,17 @@ message's ``protocol_config``):
   body's answer;
 - a request without a body is decided on its headers (its protocol then answers 400).
 
+The request's headers are checked as soon as they come (``Picker.admit_head``: the path's
+client API, 404; the key, 401; a ``content-length`` over ``server.max_body_bytes``, 413): a
+refused request is answered on its headers and no byte of its body is kept.
+
+The stream's messages come in one order: the request's headers, its body chunks up to the one
+that ends it (or its trailers), the pick, then the response's headers, body and trailers. A
+message that would start a second request or a second pick on the stream (request headers
+again, request body after its end, response headers before the pick or twice) ends the stream
+with gRPC ``FAILED_PRECONDITION`` (``OutOfOrder``); the pick made is finished once, as at every
+stream's end.
+
 A ``Content-Encoding`` body (gzip, deflate, br, zstd) is decoded as it arrives with the
 proxy's own decoder (``gateway.common.body_codings``: the decoded size bounded by
 ``server.max_body_bytes`` and the inflation bound, 413 past either, 400 for a corrupt stream,
@@ -33,13 +44,16 @@ from collections.abc import AsyncIterator
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
+from gateway.admit.auth import ApiKey
+from gateway.admit.request import ClientRequest
 from gateway.common.body_codings import BodyDecoder, body_decoder
-from gateway.errors import GatewayError
+from gateway.errors import BodyTooLarge, GatewayError
 from gateway.picker import messages as msg
 from gateway.picker.decide import Pick, Picker
 from gateway.picker.usage import UsageTap
 from gateway.protocols.base import Protocol
 from gateway.protocols.errors import OPENAI_ERRORS
+from gateway.telemetry.record import RequestRecord
 
 log = logging.getLogger("speedgate.picker")
 
@@ -47,12 +61,23 @@ FULL_DUPLEX = pm.ProcessingMode.FULL_DUPLEX_STREAMED
 BUFFERED = pm.ProcessingMode.BUFFERED
 
 
+class OutOfOrder(Exception):
+    """A message the stream's order does not allow (module docstring); the stream ends with
+    gRPC ``FAILED_PRECONDITION``."""
+
+
 class PickerStream:
-    """The state of one stream; ``run`` maps Envoy's messages to the picker's answers."""
+    """The state of one stream; ``run`` maps Envoy's messages to the picker's answers.
+    ``phase``: ``headers`` (nothing yet), ``body`` (reading the request body), ``picked``,
+    ``response`` (the response's headers seen)."""
 
     def __init__(self, picker: Picker) -> None:
         self.picker = picker
+        self.phase = "headers"
         self.headers: dict[str, str] = {}
+        self.request: ClientRequest | None = None
+        self.rec: RequestRecord | None = None
+        self.key: ApiKey | None = None
         self.subset: list[str] | None = None
         self.body_mode = FULL_DUPLEX
         self.response_mode = pm.ProcessingMode.NONE
@@ -66,7 +91,8 @@ class PickerStream:
         self, requests: AsyncIterator[ep.ProcessingRequest]
     ) -> AsyncIterator[ep.ProcessingResponse]:
         """Answer each message of the stream; the request's ledgers are settled when the
-        stream ends however it ends (response over, client gone, Envoy reset)."""
+        stream ends however it ends (response over, client gone, Envoy reset, a message out
+        of order: ``OutOfOrder`` raised after)."""
         try:
             async for req in requests:
                 for out in await self._on(req):
@@ -77,41 +103,67 @@ class PickerStream:
             if self.pick is not None:
                 await self.picker.finish(self.pick, self.tap.usage() if self.tap else None)
 
+    def _expect(self, kind: str, *phases: str) -> None:
+        if self.phase not in phases:
+            log.warning("ext_proc %s out of order (stream at %s) on %s: stream ended", kind,
+                        self.phase, self.headers.get(":path"))
+            raise OutOfOrder(f"{kind} not expected after {self.phase}")
+
     async def _on(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
         kind = req.WhichOneof("request")
         if req.HasField("protocol_config"):
             self.body_mode = req.protocol_config.request_body_mode
             self.response_mode = req.protocol_config.response_body_mode
         if kind == "request_headers":
-            self.headers = msg.header_map(req.request_headers.headers)
-            self.subset = msg.subset_hint(req)
-            if req.request_headers.end_of_stream:
-                return await self._decide(trailers=False)
-            try:
-                self.decoder = body_decoder(self.headers.get("content-encoding"),
-                                            self.picker.runtime.config.server.max_body_bytes)
-            except GatewayError as e:
-                return self._fail(e)
-            if self.body_mode == BUFFERED:
-                return [msg.continue_request_headers()]
-            if self.body_mode != FULL_DUPLEX:
-                return self._fail(GatewayError(
-                    "speedgate picker needs the ext_proc filter's request_body_mode "
-                    "FULL_DUPLEX_STREAMED or BUFFERED", status=500, code="picker_config"))
-            return []
+            self._expect(kind, "headers")
+            return await self._on_request_headers(req)
         if kind == "request_body":
+            self._expect(kind, "body")
             return await self._on_request_body(req.request_body)
         if kind == "request_trailers":
             if self.pick is None:  # the body ended with trailers
+                self._expect(kind, "body")
                 out = await self._decide(trailers=True)
                 return out if self.done else [*out, msg.continue_request_trailers()]
             return [msg.continue_request_trailers()]
         if kind == "response_headers":
+            self._expect(kind, "picked")
+            self.phase = "response"
             return await self._on_response_headers(req)
         if kind == "response_body":
             return self._on_response_body(req.response_body)
         if kind == "response_trailers":
             return [msg.continue_response_trailers()]
+        return []
+
+    async def _on_request_headers(self, req: ep.ProcessingRequest) -> list[ep.ProcessingResponse]:
+        """The request's head: checked (path, key, declared size) before any body is kept;
+        a request without a body is decided now."""
+        pairs = msg.header_pairs(req.request_headers.headers)
+        self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in pairs}
+        self.subset = msg.subset_hint(req)
+        self.phase = "body"
+        path = self.headers.get(":path", "").split("?", 1)[0].rstrip("/")
+        self.request = ClientRequest.from_headers(
+            path, [(k, v) for k, v in pairs if not k.startswith(b":")])
+        limit = self.picker.runtime.config.server.max_body_bytes
+        try:
+            self.rec, self.key = self.picker.admit_head(self.request)
+            length = self.headers.get("content-length", "")
+            if length.isdigit() and int(length) > limit:
+                raise BodyTooLarge(f"request body of {length} bytes exceeds the limit of "
+                                   f"{limit} bytes")
+            if req.request_headers.end_of_stream:
+                return await self._decide(trailers=False)
+            self.decoder = body_decoder(self.headers.get("content-encoding"), limit)
+        except GatewayError as e:
+            return self._fail(e)
+        if self.body_mode == BUFFERED:
+            return [msg.continue_request_headers()]
+        if self.body_mode != FULL_DUPLEX:
+            return self._fail(GatewayError(
+                "speedgate picker needs the ext_proc filter's request_body_mode "
+                "FULL_DUPLEX_STREAMED or BUFFERED", status=500, code="picker_config"))
         return []
 
     async def _on_request_body(self, body: ep.HttpBody) -> list[ep.ProcessingResponse]:
@@ -130,6 +182,7 @@ class PickerStream:
         return []
 
     async def _decide(self, trailers: bool) -> list[ep.ProcessingResponse]:
+        self.phase = "picked"
         if self.decoder is not None:
             try:
                 self.body += self.decoder.finish()
@@ -137,8 +190,10 @@ class PickerStream:
                 return self._fail(e)
         raw = bytes(self.body)
         self.body = bytearray()
+        assert self.request is not None and self.rec is not None
         try:
-            self.pick = pick = await self.picker.pick(self.headers, raw, self.subset)
+            self.pick = pick = await self.picker.pick(self.request.with_body(raw), self.key,
+                                                      self.rec, self.subset)
         except GatewayError as e:
             return self._fail(e)
         except Exception:
@@ -154,7 +209,7 @@ class PickerStream:
         return out
 
     def _protocol(self) -> Protocol | None:
-        path = self.headers.get(":path", "").split("?", 1)[0].rstrip("/")
+        path = self.request.path if self.request is not None else ""
         return self.picker.protocols.get(path)
 
     def _fail(self, err: GatewayError) -> list[ep.ProcessingResponse]:
@@ -162,7 +217,7 @@ class PickerStream:
         self.done = True
         protocol = self._protocol()
         shape = protocol.errors if protocol is not None else OPENAI_ERRORS
-        rid = self.headers.get("x-request-id", "")
+        rid = self.request.request_id if self.request is not None else ""
         headers = [(k.decode().lower(), v.decode()) for k, v in shape.headers(err)]
         if rid:
             headers.append(("x-request-id", rid))
@@ -173,7 +228,10 @@ class PickerStream:
         pick = self.pick
         if pick is None:
             return [msg.continue_response_headers()]
-        status = int(headers.get(":status", "0") or 0)
+        status = _status(headers.get(":status", ""))
+        if not status:
+            log.warning("unparseable response :status %r on %s", headers.get(":status"),
+                        pick.rec.request_id)
         added = await self.picker.served(pick, msg.served_endpoint(req), status)
         self.tap = UsageTap(pick.protocol, headers.get("content-type", ""))
         return [msg.response_headers_with(added)]
@@ -184,3 +242,8 @@ class PickerStream:
         if self.response_mode == FULL_DUPLEX:
             return [msg.streamed_response_body(body.body, body.end_of_stream)]
         return [msg.continue_response_body()]
+
+
+def _status(value: str) -> int:
+    """A response ``:status`` as an HTTP status code; 0 when it is not one (three digits)."""
+    return int(value) if len(value) == 3 and value.isdigit() and value.isascii() else 0

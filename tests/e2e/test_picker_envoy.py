@@ -372,3 +372,40 @@ def test_no_request_lost_when_the_picker_restarts(env: EnvoyPicker) -> None:
             t.join()
     assert len(statuses) >= 4
     assert set(statuses) == {200}, statuses
+
+
+def test_agent_session_id_gives_affinity(env: EnvoyPicker) -> None:
+    """Claude Code's own ``X-Claude-Code-Session-Id`` names the session in picker mode as
+    in the proxy (``gateway.admit.session``): ten unrelated conversations under one id land
+    on one replica (the picker used to read only ``x-session-id``)."""
+    session = uuid.uuid4().hex
+    served = set()
+    for turn in range(10):
+        marker = f"{uuid.uuid4().hex} unrelated task {turn}"
+        replica, sim = _chat(env, marker, messages=[{"role": "user", "content": marker}],
+                             extra_headers={"X-Claude-Code-Session-Id": session})
+        assert _url_of(env.stack, replica) == sim
+        served.add(sim)
+    assert len(served) == 1
+
+
+def test_body_checks_in_picker_mode(env: EnvoyPicker) -> None:
+    """The proxy's body checks through Envoy: JSON nested past ``server.max_json_depth`` and a
+    sampling parameter of the wrong type are 400 in the OpenAI shape, and no replica sees
+    either (the picker used to parse without checking and route both)."""
+    deep: object = "x"
+    for _ in range(200):
+        deep = [deep]
+    marker = uuid.uuid4().hex
+    bodies = [
+        {"model": MODEL, "max_tokens": 4, "metadata": {"deep": deep},
+         "messages": [{"role": "user", "content": marker}]},
+        {"model": MODEL, "max_tokens": 4, "temperature": "hot",
+         "messages": [{"role": "user", "content": marker}]},
+    ]
+    with httpx.Client(timeout=30) as c:
+        for body in bodies:
+            r = c.post(env.base_url + "/v1/chat/completions", json=body)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["type"] == "invalid_request_error"
+    assert _sim_with(env.stack, marker) == []

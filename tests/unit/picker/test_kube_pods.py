@@ -20,6 +20,7 @@ from gateway.picker.kube import pod_ready
 from gateway.picker.runtime import PickerRuntime
 from gateway.picker.server import picker_protocols
 from tests.e2e.helpers import wait_for
+from tests.unit.picker.direct import decide
 
 SELECTOR = "app=vllm-m"
 
@@ -154,7 +155,7 @@ async def test_picks_follow_the_pods(setup: Any) -> None:
     picker = Picker(rt, picker_protocols())
     body = json.dumps({"model": "m-fast", "max_tokens": 2,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
-    pick = await picker.pick({":path": "/v1/chat/completions"}, body, None)
+    pick = await decide(picker, {":path": "/v1/chat/completions"}, body)
     assert endpoint_of(pick.endpoints[0]) == "127.0.0.2:8000"
     assert pick.rec.served_tier == "fast"
     await picker.finish(pick, None)

@@ -9,6 +9,7 @@ from gateway.config import GatewayConfig
 from gateway.picker.decide import Picker, endpoint_of
 from gateway.picker.runtime import PickerRuntime
 from gateway.picker.server import picker_protocols
+from tests.unit.picker.direct import decide
 
 BODY = json.dumps({"model": "m", "max_tokens": 2,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -32,11 +33,11 @@ async def test_static_and_dns_endpoints() -> None:
         assert std is not None and fast is not None
         assert [r.url for r in std.replicas] == ["http://127.0.0.1:8123"]
         picker = Picker(rt, picker_protocols())
-        pick = await picker.pick({":path": "/v1/chat/completions"}, BODY, None)
+        pick = await decide(picker, {":path": "/v1/chat/completions"}, BODY)
         assert endpoint_of(pick.endpoints[0]) == "127.0.0.1:8123"
         await picker.finish(pick, None)
-        pick = await picker.pick({":path": "/v1/chat/completions",
-                                  "x-speedgate-tier": "fast"}, BODY, None)
+        pick = await decide(picker, {":path": "/v1/chat/completions",
+                                  "x-speedgate-tier": "fast"}, BODY)
         assert endpoint_of(pick.endpoints[0]) == "127.0.0.7:9000"
         await picker.finish(pick, None)
     finally:
@@ -60,17 +61,17 @@ async def test_usage_charged_exact_or_estimated() -> None:
     try:
         picker = Picker(rt, picker_protocols())
         headers = {":path": "/v1/chat/completions"}
-        seen = await picker.pick(headers, BODY, None)
+        seen = await decide(picker, headers, BODY)
         await picker.served(seen, "127.0.0.7:9000", 200)
         await picker.finish(seen, Usage(prompt=10, completion=3))
         assert seen.rec.usage == Usage(prompt=10, completion=3) and not seen.rec.usage_estimated
-        unseen = await picker.pick(headers, BODY, None)
+        unseen = await decide(picker, headers, BODY)
         await picker.served(unseen, "127.0.0.7:9000", 200)
         await picker.finish(unseen, None)
         assert unseen.rec.usage_estimated
         assert unseen.rec.usage == Usage(prompt=len(BODY) // 4, completion=2)
         assert unseen.rec.cost_usd and unseen.rec.cost_usd > 0
-        failed = await picker.pick(headers, BODY, None)
+        failed = await decide(picker, headers, BODY)
         await picker.served(failed, "127.0.0.7:9000", 502)
         await picker.finish(failed, None)
         assert failed.rec.usage is None and not failed.rec.cost_usd
