@@ -38,9 +38,11 @@ HEADER = """\
 
 One typed schema (`gateway/config/`) read from a YAML file (`speedgate serve --config FILE`),
 plus environment overrides `SPEEDGATE_<SECTION>__<FIELD>` (e.g. `SPEEDGATE_SERVER__PORT=9000`).
-Unknown keys, empty pools, bad URLs, unknown tiers and cyclic fallback chains fail at load with
-a message naming the field; `speedgate check-config FILE` validates a file and prints the
-resolved config (exit 2 on errors). The commented example is `deploy/speedgate.example.yaml`.
+Unknown keys, empty pools, bad URLs, unknown tiers, cyclic fallback chains and auth on without a
+key fail at load with one message listing every problem, each naming its field (an unknown key
+with the field it probably meant: ``did you mean `port`?``); `speedgate check-config FILE`
+validates a file and prints the resolved config (exit 2 on errors). The commented example is
+`deploy/speedgate.example.yaml`.
 
 Types and defaults below are read from the schema itself. Sizes are bytes, durations seconds
 (`_s`), prices USD per million tokens; *required* fields have no default; *none* means unset.
