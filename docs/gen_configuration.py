@@ -14,6 +14,7 @@ the reference can neither miss a field nor drift from the schema.
 from __future__ import annotations
 
 import argparse
+import html
 import sys
 import types
 import typing
@@ -36,11 +37,18 @@ HEADER = """\
      docs/configuration-fields.yaml: edit those, then run the script. -->
 # Configuration reference
 
+<style>
+  /* a field path wraps only after a dot (its <wbr>), never inside a name */
+  .md-typeset td > code.field { word-break: normal; overflow-wrap: normal; }
+</style>
+
 One typed schema (`gateway/config/`) read from a YAML file (`speedgate serve --config FILE`),
 plus environment overrides `SPEEDGATE_<SECTION>__<FIELD>` (e.g. `SPEEDGATE_SERVER__PORT=9000`).
-Unknown keys, empty pools, bad URLs, unknown tiers and cyclic fallback chains fail at load with
-a message naming the field; `speedgate check-config FILE` validates a file and prints the
-resolved config (exit 2 on errors). The commented example is `deploy/speedgate.example.yaml`.
+Unknown keys, empty pools, bad URLs, unknown tiers, cyclic fallback chains and auth on without a
+key fail at load with one message listing every problem, each naming its field (an unknown key
+with the field it probably meant: ``did you mean `port`?``); `speedgate check-config FILE`
+validates a file and prints the resolved config (exit 2 on errors). The commented example is
+`deploy/speedgate.example.yaml`.
 
 Types and defaults below are read from the schema itself. Sizes are bytes, durations seconds
 (`_s`), prices USD per million tokens; *required* fields have no default; *none* means unset.
@@ -154,6 +162,14 @@ def rows(model: type[BaseModel] = GatewayConfig, prefix: str = "") -> list[Row]:
     return out
 
 
+def field_cell(path: str) -> str:
+    """A field path as the reference's first column shows it: code that the browser wraps only
+    after a dot (``<wbr>``, which a copy leaves out), never mid-name (the ``field`` class; the
+    site's theme otherwise breaks code anywhere, ``server.worker`` / ``s``)."""
+    escaped = html.escape(path, quote=False)
+    return '<code class="field">' + escaped.replace(".", ".<wbr>") + "</code>"
+
+
 def load_meanings() -> dict[str, str]:
     """``docs/configuration-fields.yaml``: field path → meaning (one line of Markdown)."""
     data = yaml.safe_load(MEANINGS.read_text(encoding="utf-8"))
@@ -178,7 +194,7 @@ def render(meanings: dict[str, str] | None = None) -> str:
         parts.append(f"\n## {title}\n\n| field | type | default | meaning |\n|---|---|---|---|\n")
         for r in all_rows:
             if r.path == section or r.path.startswith(section + "."):
-                parts.append(f"| `{r.path}` | {r.type} | {r.default} | "
+                parts.append(f"| {field_cell(r.path)} | {r.type} | {r.default} | "
                              f"{meanings[r.path].strip()} |\n")
     return "".join(parts)
 

@@ -33,7 +33,7 @@ from gateway.asgi import (
 )
 from gateway.errors import GatewayError
 from gateway.protocols.base import Protocol, Rewrite
-from gateway.relay.answer import end_stream_with_error, usage_headers
+from gateway.relay.answer import end_stream_with_error, finish_first, usage_headers
 from gateway.relay.assembled import assemble_json
 from gateway.relay.keepalive import PrefillKeepalive
 from gateway.relay.resume import relay_resumable
@@ -76,7 +76,8 @@ class ApiRoute:
                 run.replica = opened.attempt.replica.url
                 ex.attempts.append(opened)  # and the continuations of a resumed stream
                 try:
-                    # 4. relay (a stream that breaks mid-way is resumed on another replica)
+                    # 4. relay (a stream that breaks mid-way is resumed on another replica),
+                    # the protocol's finish (e.g. store it) before the answer's last bytes
                     ex.response_doc = opened.doc
                     final = await self._respond(ex)
                 finally:
@@ -84,9 +85,8 @@ class ApiRoute:
                         each.close()
                         if each.span is not None:
                             each.span.end(ex.rec.outcome or "error", status=ex.rec.status)
-            if final is not None:
-                ex.response_doc = final if not ex.body.stream else ex.response_doc
-                await self.protocol.finish(ex.body, ex.rec.key_id, final)  # e.g. store it
+            if final is not None and not ex.body.stream:
+                ex.response_doc = final
         except ClientDisconnected:
             ex.rec.status, ex.rec.outcome = 499, "client_disconnected"
         except GatewayError as e:
@@ -210,7 +210,9 @@ class ApiRoute:
         rec.itl = GapTimer()
         att = opened.attempt
         res = Resumption(ex.plan, att.deadline, att.total_s, att.read_s)
-        result = await relay_resumable(ex, ex.send, res, codec)
+        send = finish_first(ex.send, codec,
+                            lambda final: protocol.finish(ex.body, rec.key_id, final))
+        result = await relay_resumable(ex, send, res, codec)
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
         rec.usage = result.usage
         if result.ok:
@@ -233,6 +235,7 @@ class ApiRoute:
         rec.usage = protocol.json_usage(doc)
         headers += usage_headers(rec.usage, last.attempt.pool.config.prices, elapsed_s, rec.flex)
         payload = protocol.rewrite_json(doc, ex.body, self._rewrite(ex, last))
+        await protocol.finish(ex.body, rec.key_id, doc)  # stored before the client has it
         ex.started, rec.status, rec.outcome = True, 200, "ok"
         await send_response(ex.send, 200, payload, headers)
         return doc

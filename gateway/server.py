@@ -60,6 +60,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
 #: File descriptors kept for everything but client connections and their engine connections
 #: (listening socket, log files, Redis, health probes, the tokenizer's files).
 FD_RESERVE = 256
+#: A default connection cap sized below this share of itself by the file descriptor limit is
+#: worth a line at start (INFO); above it, only at DEBUG.
+LOW_CAP_SHARE = 0.5
 
 
 def raise_fd_limit(server: ServerConfig) -> ServerConfig:
@@ -68,9 +71,12 @@ def raise_fd_limit(server: ServerConfig) -> ServerConfig:
     when that is lower. Returns the server config to serve with.
 
     Where the hard limit cannot fit the cap: a cap left at its default is sized from the limit,
-    ``(limit − FD_RESERVE) // 2`` connections (logged at INFO; a default start is clean), and
-    the config returned carries it; a cap the operator set is kept and a WARNING says the limit
-    is too low (connections then fail at accept before the cap). ``max_connections: 0`` (no
+    ``(limit − FD_RESERVE) // 2`` connections, and the config returned carries it, logged at
+    INFO with the fix only when that is a low cap (under ``LOW_CAP_SHARE`` of the default: a
+    hard limit of 1024 leaves 384), at DEBUG otherwise (20,000 leaves 9,872: nothing to act
+    on, and it was a line at every start); a cap the operator set is kept and a WARNING says
+    the limit is too low (connections then fail at accept before the cap). A raise of the soft
+    limit is logged at DEBUG. ``max_connections: 0`` (no
     cap) changes nothing. Raises ``OSError`` only if the kernel refuses a raise within the hard
     limit, which ``setrlimit(2)`` does not do for an unprivileged process.
     """
@@ -81,20 +87,25 @@ def raise_fd_limit(server: ServerConfig) -> ServerConfig:
     if soft == resource.RLIM_INFINITY:
         return server
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    log = logging.getLogger("speedgate.server")
     if target > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        log.debug("file descriptor soft limit raised from %d to %d", soft, target)
     else:
         target = soft  # never lower a limit the operator raised
     if target >= want:
         return server
-    log = logging.getLogger("speedgate.server")
     if "max_connections" in server.model_fields_set:
         log.warning("file descriptor limit %d is below the %d that server.max_connections=%d "
                     "needs", target, want, server.max_connections)
         return server
     fit = max(1, (target - FD_RESERVE) // 2)
-    log.info("server.max_connections %d (default %d) to fit the file descriptor limit %d",
-             fit, server.max_connections, target)
+    low = fit < LOW_CAP_SHARE * server.max_connections
+    log.log(logging.INFO if low else logging.DEBUG,
+            "server.max_connections %d (default %d) to fit the file descriptor limit %d%s",
+            fit, server.max_connections, target,
+            f"; raise the hard limit (ulimit -Hn, systemd LimitNOFILE) to {want} for the "
+            "default" if low else "")
     return server.model_copy(update={"max_connections": fit})
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -109,11 +110,13 @@ class BudgetLedger(Protocol):
         self, ledger_id: str, budget_usd: float, estimate_usd: float, request_id: str
     ) -> tuple[bool, BudgetEntry]:
         """Atomically: admitted iff spent + reserved < budget, then reserve ``estimate_usd``
-        for ``request_id``. Returns (admitted, the state before this reservation)."""
+        under the hold id ``request_id`` (unique per admitted request: a second reservation
+        under one id replaces the first). Returns (admitted, the state before this
+        reservation)."""
         ...
 
     async def settle(self, ledger_id: str, request_id: str, actual_usd: float) -> None:
-        """Replace ``request_id``'s reservation by its actual cost."""
+        """Replace the reservation held under ``request_id`` by its actual cost."""
         ...
 
     async def read(self, ledger_id: str) -> BudgetEntry | None:
@@ -188,7 +191,7 @@ class BudgetHold:
     """An admitted request's reservation: release it with ``SessionBudgets.settle``."""
 
     ledger_id: str
-    request_id: str
+    request_id: str  # the hold's id: the request id plus a gateway-made suffix, never reused
     budget_usd: float
     remaining_usd: float
     soft: bool
@@ -198,6 +201,14 @@ class BudgetHold:
         """Response headers: the session's budget and what remained at admission."""
         return [(HEADER.encode(), f"{self.budget_usd:.6f}".encode()),
                 (REMAINING_HEADER.encode(), f"{self.remaining_usd:.6f}".encode())]
+
+
+def hold_id(request_id: str) -> str:
+    """The id a request's reservation is held under: its request id (traceable in the store)
+    and 64 random bits the gateway draws. A client's ``x-request-id`` is its own choice and
+    may repeat across concurrent requests; keyed by it alone, the holds of those requests
+    would overwrite each other and the session would be charged for one of them only."""
+    return f"{request_id}/{secrets.token_hex(8)}"
 
 
 def ledger_id(key_id: str | None, session_id: str) -> str:
@@ -250,8 +261,9 @@ class SessionBudgets:
         if session_id is None or budget is None:
             return None
         lid = ledger_id(key.id if key is not None else None, session_id)
+        hid = hold_id(request_id)
         try:
-            admitted, before = await self.ledger.reserve(lid, budget, estimate, request_id)
+            admitted, before = await self.ledger.reserve(lid, budget, estimate, hid)
         except Exception as e:  # Redis down or slow
             if self.config.fail_mode == "closed":
                 raise BudgetUnavailable("session budget store unavailable; try again",
@@ -264,7 +276,7 @@ class SessionBudgets:
             raise BudgetExceeded(budget, v.remaining_usd)
         if v.soft:
             self.soft[model] = self.soft.get(model, 0) + 1
-        return BudgetHold(lid, request_id, budget, v.remaining_usd, v.soft)
+        return BudgetHold(lid, hid, budget, v.remaining_usd, v.soft)
 
     async def settle(self, hold: BudgetHold | None, actual_usd: float) -> None:
         """Replace the reservation by the request's actual cost (0 when nothing was served).

@@ -141,3 +141,20 @@ def replicas_needed(
     (their KV resident at once); None when one such session fits no replica."""
     per = sessions_per_replica(fp, cap, tokens)
     return math.ceil(sessions / per) if per else None
+
+
+def why_no_fit(fp: KvFootprint, cap: ReplicaCapacity, tokens: int,
+               max_len_name: str = "max_model_len") -> str | None:
+    """Why one sequence of ``tokens`` tokens fits no replica, with the numbers (None when it
+    fits): it is longer than the engine's ``max_model_len`` (``max_len_name`` says where that
+    came from), or its KV blocks are more than the pool holds."""
+    if tokens > cap.max_model_len:
+        return f"{tokens:,} tokens is above {max_len_name} {cap.max_model_len:,}"
+    need = fp.session_blocks(tokens, cap.block_size)
+    if need <= cap.num_blocks:
+        return None
+    page = fp.bytes_per_token * cap.block_size
+    return (f"one sequence of {tokens:,} tokens needs {need:,} KV blocks of {cap.block_size} "
+            f"tokens ({need * page / GIB:.2f} GiB per GPU at {fp.bytes_per_token:,} bytes per "
+            f"token), the KV pool holds {cap.num_blocks:,} "
+            f"({cap.kv_pool_bytes_per_gpu / GIB:.2f} GiB per GPU)")

@@ -23,6 +23,7 @@ from gateway.capacity.planner import (
     replicas_needed,
     sessions_per_replica,
     weights_bytes,
+    why_no_fit,
 )
 from gateway.capacity.presets import PRESETS, preset
 
@@ -105,6 +106,9 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     check_layout(cfg, args.tp, args.pp)
     fp = kv_footprint(cfg, kv_dtype=kv_dtype, tp=args.tp, pp=args.pp)
     max_len = args.max_model_len or config_context(cfg) or 1 << 20
+    max_len_name = ("--max-model-len" if args.max_model_len else
+                    "the model's max_position_embeddings" if config_context(cfg) else
+                    "the default max_model_len (the config has no max_position_embeddings)")
     spec = ReplicaSpec(
         gpu_memory_gib=args.gpu_memory_gib, tp=args.tp, pp=args.pp,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -145,13 +149,17 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             "kv_tokens": cap.kv_tokens, "max_model_len": cap.max_model_len,
             "max_concurrency": round(cap.max_concurrency, 2),
             "starts": cap.fits_max_model_len,
+            "starts_reason": why_no_fit(tfp, cap, cap.max_model_len, max_len_name),
             "sessions": {str(n): sessions_per_replica(tfp, cap, n) for n in CONTEXTS},
+            "sessions_reasons": {str(n): r for n in CONTEXTS
+                                 if (r := why_no_fit(tfp, cap, n, max_len_name)) is not None},
             "workload": [],
         }
         for wtier, sessions, tokens in workloads:
             if wtier == tier:
                 row["workload"].append({"sessions": sessions, "tokens": tokens,
-                                        "replicas": replicas_needed(tfp, cap, sessions, tokens)})
+                                        "replicas": replicas_needed(tfp, cap, sessions, tokens),
+                                        "reason": why_no_fit(tfp, cap, tokens, max_len_name)})
         out["tiers"][tier] = row
     return out
 
@@ -214,7 +222,27 @@ def format_table(report: dict[str, Any]) -> str:
     col = max(14, *(len(c) + 2 for _, cells in rows for c in cells))
     lines.append(" " * width + "".join(t.rjust(col) for t in tiers))
     lines += [name.ljust(width) + "".join(c.rjust(col) for c in cells) for name, cells in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + _why_not(report))
+
+
+def _why_not(report: dict[str, Any]) -> list[str]:
+    """The notes under the table: for each "will not start", "does not fit" and 0 sessions,
+    which limit stops it, with the numbers (one line per reason, naming the tiers)."""
+    notes: dict[tuple[str, str], list[str]] = {}
+    for t, row in report["tiers"].items():
+        if row["starts_reason"] is not None:
+            notes.setdefault(("will not start", row["starts_reason"]), []).append(t)
+        for n, reason in row["sessions_reasons"].items():
+            notes.setdefault((f"0 sessions of {_fmt_tokens(int(n))} tokens", reason),
+                             []).append(t)
+        for w in row["workload"]:
+            if w["reason"] is not None:
+                what = f"replicas for {w['sessions']} x {_fmt_tokens(w['tokens'])}: does not fit"
+                notes.setdefault((what, w["reason"]), []).append(t)
+    if not notes:
+        return []
+    return ["", "why:"] + [f"  {what} ({', '.join(tiers)}): {reason}"
+                           for (what, reason), tiers in notes.items()]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

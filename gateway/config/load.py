@@ -22,6 +22,7 @@ from pydantic_settings import (
 from gateway.config.console import ConsoleConfig
 from gateway.config.flow import BudgetConfig, FlowControlConfig, check_key_bands
 from gateway.config.pool import ModelConfig
+from gateway.config.problems import report
 from gateway.config.server import (
     AuthConfig,
     HealthConfig,
@@ -87,18 +88,11 @@ class ConfigError(Exception):
     """Raised when a config file cannot be read or does not validate; message names the field."""
 
 
-def _format_validation_error(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
-        lines.append(f"  {loc}: {e['msg']}")
-    return "invalid config:\n" + "\n".join(lines)
-
-
 def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> GatewayConfig:
     """Load and validate the config from a YAML file (plus env overrides and ``overrides``).
 
-    Raises ``ConfigError`` naming the offending field (``models.m.tiers.fast.endpoints: ...``).
+    Raises ``ConfigError`` naming every offending field (``models.m.tiers.fast.endpoints:
+    ...``) and every failed cross-field check at once (``gateway.config.problems``).
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -117,4 +111,4 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     try:
         return GatewayConfig(**data)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e)) from None
+        raise ConfigError(report(GatewayConfig, data, e)) from None

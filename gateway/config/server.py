@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import (
     Field,
+    model_validator,
 )
 
 from gateway.config.base import TIERS, Tier, _Strict
@@ -145,13 +146,22 @@ class AuthConfig(_Strict):
     """API-key authentication (``Authorization: Bearer <key>``), see ``gateway.admit.auth``.
 
     ``enabled``: None (default) = on when ``keys`` or ``keys_file`` is set; true/false forces it
-    (true with no key refuses every request). ``keys_file``: a YAML file ``{keys: [...]}`` of
-    the same entries as ``keys`` (the Kubernetes Secret mounted at
-    ``/etc/speedgate/secrets/api-keys.yaml``), read at startup and merged with ``keys``."""
+    (true with neither is a config error: every request would be refused). ``keys_file``: a
+    YAML file ``{keys: [...]}`` of the same entries as ``keys`` (the Kubernetes Secret mounted
+    at ``/etc/speedgate/secrets/api-keys.yaml``), read at startup and merged with ``keys``."""
 
     enabled: bool | None = None
     keys: list[ApiKeyConfig] = Field(default_factory=list)
     keys_file: str | None = None
+
+    @model_validator(mode="after")
+    def _check_some_key(self) -> AuthConfig:
+        if self.enabled and not self.keys and self.keys_file is None:
+            raise ValueError(
+                "enabled is true but no API key is configured, so every request would be "
+                "refused with 401: add one under auth.keys (`speedgate keygen` prints a key and "
+                "its entry) or name a keys file in auth.keys_file, or set auth.enabled: false")
+        return self
 
     @property
     def is_enabled(self) -> bool:

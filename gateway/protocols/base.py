@@ -14,7 +14,9 @@ makes for one stream. The request path asks, in order:
 4. ``upstream_body(body, served_model)``: the bytes sent to the engine;
 5. ``head_kind(event)`` while waiting for the first content event (TTFT; retries end there);
 6. ``codec(body, rewrite)`` for a stream, or ``json_usage`` + ``rewrite_json`` for a JSON answer;
-7. ``await finish(body, key_id, final_doc)`` after a successful answer (e.g. store it);
+7. ``await finish(body, key_id, final_doc)`` for a successful answer (e.g. store it), before
+   the bytes carrying its final response object reach the client (the JSON body, a stream's
+   last event), so a next turn sent the moment the client has it finds it;
 8. ``output_text`` / ``json_output_text`` when the engine reported no usage (tiktoken estimate);
    ``errors`` shapes every error the gateway answers.
 """
@@ -289,7 +291,8 @@ class Protocol:
     async def finish(
         self, body: ParsedBody, key_id: str | None, final: dict[str, Any] | None
     ) -> None:
-        """After a successful answer: ``final`` is the response object sent to the client."""
+        """For a successful answer, before its last bytes are sent: ``final`` is the response
+        object the client is sent. Must not raise (the answer is already decided)."""
 
     def output_text(self, relayed: list[bytes]) -> str:
         """Generated text of the relayed content events (for a usage estimate)."""

@@ -11,6 +11,12 @@ input. Each item is returned as stored, with ``type`` and ``id`` filled in where
 left them out: ids are stable (``<kind>_<response hex><index>``, derived from the response that
 first carried the item), so ``after`` pages reliably; a message's string ``content`` becomes
 one ``input_text`` part (``output_text`` for the assistant), as OpenAI returns it. Pure.
+
+The page cursor is an item's id (the SDKs' auto-pagers send the last item's ``id`` as
+``after``), so ids are unique within one list: an id the client sent on two items (a chained
+turn that re-sends an earlier item, say) names its first occurrence, and each later occurrence
+is listed as ``<id>~<position>`` (its position, oldest first, from 0). Without that an ``after``
+naming the second occurrence resumed after the first, and an auto-pager looped for ever.
 """
 
 from __future__ import annotations
@@ -41,6 +47,24 @@ def listed_item(item: Any, response_id: str, index: int) -> dict[str, Any]:
     return out
 
 
+def unique_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` (oldest first) with each repeated ``id`` after its first occurrence made
+    ``<id>~<position>`` (more ``~`` while that too is taken); the rest as they are."""
+    taken = {i["id"] for i in items}
+    seen: set[str] = set()
+    out = []
+    for pos, item in enumerate(items):
+        if item["id"] in seen:
+            new = f"{item['id']}~{pos}"
+            while new in taken:
+                new += "~"
+            taken.add(new)
+            item = {**item, "id": new}
+        seen.add(item["id"])
+        out.append(item)
+    return out
+
+
 def parse_limit(value: str | None) -> int:
     """The ``limit`` query value; ``InvalidRequest`` (400) unless an integer in 1..100."""
     if value is None:
@@ -57,11 +81,13 @@ def parse_limit(value: str | None) -> int:
 def list_page(
     items: list[dict[str, Any]], *, after: str | None, limit: int, order: str | None
 ) -> dict[str, Any]:
-    """One page of ``items`` (oldest first, ``listed_item``-shaped) in OpenAI's list shape
-    (module docstring); ``InvalidRequest`` (400) for an unknown ``order`` or ``after`` id."""
+    """One page of ``items`` (oldest first, ``listed_item``-shaped; ids made unique by
+    ``unique_ids``) in OpenAI's list shape (module docstring); ``InvalidRequest`` (400) for an
+    unknown ``order`` or ``after`` id."""
     order = order or "desc"
     if order not in ("asc", "desc"):
         raise InvalidRequest("order: must be 'asc' or 'desc'", param="order")
+    items = unique_ids(items)
     ordered = items if order == "asc" else items[::-1]
     start = 0
     if after is not None:

@@ -1,9 +1,12 @@
 """What the client is sent around a relayed answer (a whole JSON answer goes out with
 ``gateway.asgi.send_response``): the accounting headers of a JSON answer (``usage_headers``),
-and the one in-band error event that ends a started stream (``end_stream_with_error``)."""
+the one in-band error event that ends a started stream (``end_stream_with_error``), and a
+stream's ``send`` that finishes the answer (stores it) before its last event goes out
+(``finish_first``)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.common.usage import Usage
@@ -44,3 +47,24 @@ async def end_stream_with_error(
         await send({"type": "http.response.body", "body": event, "more_body": False})
     except Exception:
         pass
+
+
+def finish_first(
+    send: Any, codec: StreamCodec, finish: Callable[[dict[str, Any]], Awaitable[None]]
+) -> Callable[[dict[str, Any]], Awaitable[None]]:
+    """``send`` for a stream's client that awaits ``finish(codec.final)`` (the protocol's
+    ``finish``: a Responses answer is stored) once, as soon as the codec holds the stream's
+    final response object and before the bytes that carry it are sent. A client that sends
+    its next turn (``previous_response_id``) the moment it reads ``response.completed`` thus
+    finds the response stored, on any gateway process sharing the store. ``finish`` must not
+    raise (a store failure is the protocol's to log)."""
+    done = False
+
+    async def send_after_finish(message: dict[str, Any]) -> None:
+        nonlocal done
+        if not done and codec.final is not None:
+            done = True
+            await finish(codec.final)
+        await send(message)
+
+    return send_after_finish

@@ -20,10 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import psutil
 import pytest
+from aiohttp import web
 
 from engines.procs import die_with_parent, stop_processes, wait_port_file
+from gateway.console.routes import load_page
 from tests.e2e.browser import Chromium
 
 pytestmark = pytest.mark.e2e
@@ -99,6 +102,59 @@ def _listening_child(demo_pid: int, port: int) -> psutil.Process:
 def test_demo_prints_the_console_url(demo: dict) -> None:
     assert f"console: {demo['base']}/console" in demo["banner"]
     assert f"API:     {demo['base']}/v1" in demo["banner"]
+
+
+def _long_run(state: dict) -> dict:
+    """``state`` (a real ``/v1/console/state``) as after a long agent run: its sessions with
+    UUID ids, a key id, millions of tokens and hundreds of dollars (the widest figures)."""
+    for rank in ("most_active", "most_expensive"):
+        for i, x in enumerate(state["sessions"][rank]):
+            x.update(session_id=f"3f2b8c1e-9a4d-4e7b-b0c5-{i:012d}", key_id="research-agents-prod",
+                     turns=1234, prompt_tokens=12_345_678, completion_tokens=234_567,
+                     cost_usd=123.4567, usd_per_hour=1234.56, requests_per_min=123.4)
+    return state
+
+
+async def test_session_tables_fit_a_1400_px_window(demo: dict, chromium: Chromium) -> None:
+    """The "Most expensive now" table's cost columns were cut off at a 1400-px window (the
+    table ran 390 px past it with a long run's figures): every column of both sessions
+    tables now ends inside the window, the session and key ids cut with an ellipsis."""
+    base = demo["base"]
+    await asyncio.to_thread(_agent, base, 0, 2)
+    async with httpx.AsyncClient(base_url=base) as client:
+        state = _long_run((await client.get("/v1/console/state")).json())
+    assert state["sessions"]["most_expensive"]
+    app = web.Application()
+    app.router.add_get("/console", lambda _: web.Response(text=load_page(),
+                                                           content_type="text/html"))
+    app.router.add_get("/v1/console/state", lambda _: web.Response(
+        body=orjson.dumps(state), content_type="application/json"))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    page = await chromium.new_page()
+    try:
+        await page.call("Emulation.setDeviceMetricsOverride", width=1400, height=900,
+                        deviceScaleFactor=1, mobile=False)
+        await page.navigate(f"http://127.0.0.1:{runner.addresses[0][1]}/console")
+        await page.wait_for("document.querySelector('table[data-sessions=expensive]') !== null",
+                            timeout_s=20)
+        edges = await page.js("""(() => {
+          const right = (t, n) => Math.max(...[...document.querySelectorAll(
+            `table[data-sessions=${t}] tr > :nth-last-child(${n})`)].map(
+            c => c.getBoundingClientRect().right));
+          return {viewport: document.documentElement.clientWidth,
+                  page: document.documentElement.scrollWidth,
+                  cost: right("expensive", 2), rate: right("expensive", 1),
+                  active: right("active", 1)};
+        })()""")
+        assert edges["cost"] <= edges["rate"] <= edges["viewport"], edges
+        assert edges["active"] <= edges["viewport"] and edges["page"] == edges["viewport"], edges
+        await page.screenshot(REPORTS / "console-1400.png", width=1400)
+    finally:
+        await page.close()
+        await runner.cleanup()
 
 
 async def test_console_shows_replicas_charts_and_a_replica_going_down(

@@ -42,12 +42,23 @@ def limits(monkeypatch: pytest.MonkeyPatch):
 
 def test_default_cap_under_a_low_hard_limit_is_sized_from_it_without_a_warning(limits, caplog):
     lim = limits(1024, 20000)  # the machine where `make demo` warned at every start
-    with caplog.at_level(logging.INFO, logger="speedgate.server"):
+    with caplog.at_level(logging.DEBUG, logger="speedgate.server"):
         out = srvmod.raise_fd_limit(ServerConfig())
     assert lim.soft == 20000  # raised to the hard limit
     assert out.max_connections == (20000 - srvmod.FD_RESERVE) // 2 == 9872
-    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    # nearly the default: a DEBUG line only (it was an INFO line at every start)
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
     assert any("9872" in r.getMessage() for r in caplog.records)
+
+
+def test_a_low_cap_is_logged_at_info_with_the_fix(limits, caplog):
+    limits(1024, 1024)  # a container runtime's default hard limit
+    with caplog.at_level(logging.INFO, logger="speedgate.server"):
+        out = srvmod.raise_fd_limit(ServerConfig())
+    assert out.max_connections == (1024 - srvmod.FD_RESERVE) // 2 == 384
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+        "server.max_connections 384 (default 10000) to fit the file descriptor limit 1024; "
+        "raise the hard limit (ulimit -Hn, systemd LimitNOFILE) to 20256 for the default"]
 
 
 def test_cap_that_fits_is_kept_and_the_soft_limit_raised_to_what_it_needs(limits, caplog):

@@ -64,7 +64,9 @@ def test_keyring_authenticates_by_hash_and_never_echoes():
 def test_auth_enabled_only_when_configured():
     assert not AuthConfig().is_enabled
     assert AuthConfig(keys_file="/x").is_enabled
-    assert AuthConfig(enabled=True).is_enabled  # on with no key: every request is 401
+    assert AuthConfig(enabled=True, keys_file="/x").is_enabled
+    with pytest.raises(ValueError, match="no API key"):  # on with no key: every request 401
+        AuthConfig(enabled=True)
     assert not AuthConfig(enabled=False, keys_file="/x").is_enabled
 
 

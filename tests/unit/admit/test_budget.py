@@ -166,3 +166,35 @@ async def test_budget_store_down_follows_the_fail_mode(mode):
         with pytest.raises(BudgetUnavailable) as e:
             await b.reserve(key, "s", None, "m", 0.1, "r")
         assert e.value.status == 503 and e.value.headers()["retry-after"] == "1"
+
+
+async def _admitted_with_one_request_id(b: SessionBudgets, n: int) -> int:
+    """``n`` concurrent requests of one session that all send one ``x-request-id``; how many
+    were admitted (each estimated at 0.3 USD against a 1 USD budget)."""
+    key = ApiKeyConfig(id="k", hash=HASH, session_budget_usd=1.0)
+
+    async def one() -> bool:
+        try:
+            return await b.reserve(key, "sess", None, "m", 0.3, "same-id") is not None
+        except BudgetExceeded:
+            return False
+
+    return sum(await asyncio.gather(*[one() for _ in range(n)]))
+
+
+async def test_a_reused_request_id_does_not_share_a_budget_hold():
+    """Holds are keyed by a gateway-made id: a client that reuses its ``x-request-id`` on
+    concurrent requests is admitted exactly as often as with distinct ids (committed 0, 0.3,
+    0.6, 0.9 < 1; then 1.2), and each request's settle releases its own hold."""
+    b = SessionBudgets(load_config(models=MODELS))
+    assert await _admitted_with_one_request_id(b, 20) == 4
+    state = await b.ledger.read("k/sess")
+    assert state is not None and state.reserved_usd == pytest.approx(1.2)
+
+
+async def test_a_reused_request_id_does_not_share_a_redis_budget_hold():
+    async with redis_ledgers() as make:
+        b = SessionBudgets(load_config(models=MODELS), make())
+        assert await _admitted_with_one_request_id(b, 20) == 4
+        state = await b.ledger.read("k/sess")
+        assert state is not None and state.reserved_usd == pytest.approx(1.2)

@@ -101,3 +101,34 @@ def test_cli_bad_input_exits_2(argv: list[str], message: str,
                                capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["capacity", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_every_does_not_fit_names_its_limit(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """1M = 1,048,576 tokens against a model whose max_position_embeddings is 1,010,000 said
+    only "does not fit" (and 0 sessions of 1M): now the limit and the numbers, in the table and
+    in the JSON; and a sequence the KV pool cannot hold names blocks and GiB against the pool."""
+    cfg = {**PRESETS["llama-3-8b"].config, "max_position_embeddings": 1_010_000}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    argv = ["capacity", str(tmp_path), "--params-b", "8", "--workload", "standard=20x1M"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    why = "1,048,576 tokens is above the model's max_position_embeddings 1,010,000"
+    assert f"replicas for 20 x 1M: does not fit (standard): {why}" in table
+    assert f"0 sessions of 1M tokens (standard, fast): {why}" in table
+    assert main([*argv, "--json"]) == 0
+    std = json.loads(capsys.readouterr().out)["tiers"]["standard"]
+    assert std["workload"][0] == {"sessions": 20, "tokens": 1 << 20, "replicas": None,
+                                  "reason": why}
+    assert std["sessions_reasons"] == {"1048576": why}
+    assert not std["starts"] and std["starts_reason"].startswith(
+        "one sequence of 1,010,000 tokens needs 63,125 KV blocks")
+    # the pool: 1 GiB of KV at 131,072 bytes per token holds 8,192 tokens (512 blocks)
+    assert main(["capacity", "llama-3-8b", "--kv-cache-memory-bytes", "1G",
+                 "--max-model-len", "32768", "--workload", "standard=1x16k"]) == 0
+    table = capsys.readouterr().out
+    assert ("will not start (standard, fast): one sequence of 32,768 tokens needs 2,048 KV "
+            "blocks of 16 tokens (4.00 GiB per GPU at 131,072 bytes per token), the KV pool "
+            "holds 512 (1.00 GiB per GPU)") in table
+    assert "replicas for 1 x 16k: does not fit (standard): one sequence of 16,384 tokens" in table
+    assert "0 sessions of 1M tokens (standard, fast): 1,048,576 tokens is above " \
+           "--max-model-len 32,768" in table

@@ -58,3 +58,47 @@ def test_bad_query_values_are_400(limit: str, order: str | None, after: str | No
     with pytest.raises(InvalidRequest) as e:
         list_page(items(3), after=after, limit=parse_limit(limit), order=order)
     assert e.value.status == 400 and e.value.param in ("limit", "order", "after")
+
+
+def test_repeated_ids_are_made_unique_by_position() -> None:
+    dup = [listed_item({"id": i, "role": "user", "content": i}, RID, n)
+           for n, i in enumerate(["a", "b", "a", "a~2", "a"])]
+    page = list_page(dup, after=None, limit=10, order="asc")
+    assert [i["id"] for i in page["data"]] == ["a", "b", "a~2~", "a~2", "a~4"]
+    assert [i["content"][0]["text"] for i in page["data"]] == ["a", "b", "a", "a~2", "a"]
+
+
+class _FakeState:
+    """A stored response whose input repeats item ids (``ResponsesState.input_items``)."""
+
+    def __init__(self, items: list[dict]) -> None:
+        self.items = items
+
+    async def input_items(self, response_id: str, key_id: str | None) -> list[dict]:
+        return [listed_item(item, response_id, i) for i, item in enumerate(self.items)]
+
+
+@pytest.mark.parametrize("order", ["asc", "desc"])
+async def test_the_openai_sdk_auto_pager_ends_over_repeated_ids(order: str) -> None:
+    """The SDK's pager sends the last item's ``id`` as ``after``; with two items of one id it
+    used to resume after the first of them for ever. Every item is listed exactly once."""
+    import httpx
+    import openai
+    from fastapi import FastAPI
+
+    from gateway.protocols.responses_routes import add_response_routes
+
+    texts = [f"t{i}" for i in range(7)]
+    stored = [{"type": "message", "role": "user", "content": t,
+               "id": "msg_same" if i in (1, 2, 5) else f"msg_{i}"} for i, t in enumerate(texts)]
+    app = FastAPI()
+    add_response_routes(app, lambda scope: None, _FakeState(stored))  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gw") as http:
+        client = openai.AsyncOpenAI(base_url="http://gw/v1", api_key="k", http_client=http,
+                                    max_retries=0)
+        seen = []
+        async for item in client.responses.input_items.list(RID, limit=2, order=order):
+            seen.append(item.content[0].text)  # type: ignore[union-attr]
+            assert len(seen) <= len(texts), "the pager did not end"
+    assert seen == (texts if order == "asc" else texts[::-1])
