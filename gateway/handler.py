@@ -26,7 +26,7 @@ from gateway.admit.gate import Gate
 from gateway.admit.kv_fit import fit_replicas
 from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
-from gateway.admit.session import body_session, derived_session, header_session
+from gateway.admit.session import body_session, derived_session, name_request
 from gateway.asgi import (
     ClientDisconnected,
     DisconnectWatch,
@@ -128,7 +128,7 @@ class ApiRoute:
             path=self.protocol.path,
             operation=self.protocol.operation,
         )
-        rec.session_id, rec.session_src = header_session(scope)
+        name_request(scope, rec)  # its session (a subagent's under its parent), its end
         trace = self.state.telemetry.start_request(
             scope["headers"], self.protocol.operation, self.protocol.span_attributes()
         )
@@ -145,7 +145,7 @@ class ApiRoute:
         key = self.gate.authenticate(scope, rec) if self.gate is not None else None
         raw = await read_body(scope, receive, cfg.max_body_bytes)
         ex.raw_size = len(raw)
-        ex.parsed = await read_checked(self.protocol, raw, cfg.max_json_depth)
+        ex.parsed = await read_checked(self.protocol, raw, cfg.max_json_depth, rec.note_asked)
         if rec.session_id is None:
             rec.session_id, rec.session_src = body_session(ex.parsed.doc)
         return key

@@ -33,15 +33,43 @@ id makes each turn its own chain, hence its own session: send ``x-session-id`` o
 ``prompt_cache_key`` (or ``store: false``) to keep such turns one session.
 
 Values longer than ``MAX_ID_CHARS`` are kept as their fixed-size digest (``bounded_id``).
+
+**Subagents** (``named_session``) are sessions of their own under a parent: their turns get their
+own affinity (a subagent's prompt is not its parent's prefix) and their usage and budget roll up
+to the parent. Each agent marks them its own way (read from the clients themselves):
+
+- Claude Code sends its CLI session's ``X-Claude-Code-Session-Id`` on every request, the main
+  agent's and its subagents' alike, and on a subagent's requests ``x-claude-code-agent-id``
+  (the subagent) and, when that subagent was started by another subagent,
+  ``x-claude-code-parent-agent-id``. A subagent is the session ``<session>/agent/<agent id>``
+  (source ``claude-code-agent``); its parent the parent agent's such session, else the main
+  session.
+- Codex sends ``session-id`` (the root thread, the same for every thread of a session),
+  ``thread-id`` (this thread) and, on a spawned subagent's thread, ``x-codex-parent-thread-id``
+  (also ``parent_thread_id`` in the ``x-codex-turn-metadata`` JSON). A subagent is the session
+  named by its ``thread-id`` (source ``codex-thread``), its parent the parent thread (the
+  root thread is the request's session as the precedence names it, e.g. ``session-id``).
+- OpenCode sends ``X-Session-Id`` (its session, source ``header``) and, from a subagent's
+  (child) session, ``x-parent-session-id``: the parent session. Any client may send the pair.
+
+The session that started the tree (its root: Claude Code's and Codex's session id) is kept too
+when it is not the parent (a subagent of a subagent), so budgets charge both.
+
+**Ending a session.** ``x-speedgate-session-end: true`` on a request (its last turn) ends the
+session once that request is done (``session_ends``): its routing state and budget ledger are
+released (``gateway.admit.session_end``), its usage totals stay readable.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.asgi import Scope, header
 from gateway.common.ids import bounded_id
 from gateway.routing.keys import CONVERSATION, RESPONSES_CHAIN, session_key
+from gateway.telemetry.record import MAX_ASKED_CHARS, RequestRecord
 
 #: Session headers in precedence order, with the source name each one logs.
 SESSION_HEADERS: tuple[tuple[bytes, str], ...] = (
@@ -51,6 +79,19 @@ SESSION_HEADERS: tuple[tuple[bytes, str], ...] = (
     (b"session_id", "codex"),
     (b"x-opencode-session", "opencode"),
 )
+#: Claude Code: the subagent's id, and its parent agent's id (a subagent's subagent).
+CLAUDE_AGENT = b"x-claude-code-agent-id"
+CLAUDE_PARENT_AGENT = b"x-claude-code-parent-agent-id"
+#: Codex: this thread, its parent thread (a spawned subagent), and the turn's JSON metadata.
+CODEX_THREAD = b"thread-id"
+CODEX_PARENT_THREAD = b"x-codex-parent-thread-id"
+CODEX_TURN_METADATA = b"x-codex-turn-metadata"
+#: OpenCode's (and anyone's) parent session of a child session.
+PARENT_SESSION = b"x-parent-session-id"
+#: The request header that ends its session once it is done (``true``/``1``/``yes``).
+END_HEADER = b"x-speedgate-session-end"
+#: Longest ``x-codex-turn-metadata`` read (bytes): more is not Codex's and is ignored.
+MAX_TURN_METADATA = 16_384
 #: The body field of a session (OpenAI chat completions and Responses).
 CACHE_KEY_FIELD = "prompt_cache_key"
 
@@ -63,6 +104,90 @@ def header_session(scope: Scope) -> tuple[str | None, str | None]:
         if raw:
             return bounded_id(raw), source
     return None, None
+
+
+@dataclass(frozen=True, slots=True)
+class NamedSession:
+    """What a request's headers say of its session: ``session_id`` and ``source`` (both None
+    when no header names one), its ``parent`` session (a subagent's; None for a top-level
+    session) and the tree's ``root`` when it is neither the session nor the parent."""
+
+    session_id: str | None = None
+    source: str | None = None
+    parent: str | None = None
+    root: str | None = None
+
+    @property
+    def ancestors(self) -> tuple[str, ...]:
+        """The parent, then the root when it differs: the sessions a subagent's spend is
+        also charged to."""
+        return tuple(s for s in (self.parent, self.root) if s is not None)
+
+
+def _codex_parent(scope: Scope) -> str | None:
+    """Codex's parent thread: the ``x-codex-parent-thread-id`` header, else the
+    ``parent_thread_id`` of the ``x-codex-turn-metadata`` JSON (None when neither names one)."""
+    parent = header(scope, CODEX_PARENT_THREAD)
+    if parent:
+        return parent
+    raw = header(scope, CODEX_TURN_METADATA)
+    if not raw or len(raw) > MAX_TURN_METADATA:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return None
+    value = meta.get("parent_thread_id") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def named_session(scope: Scope) -> NamedSession:
+    """The session a request's headers name (``header_session``), a subagent's turns made
+    their own session under their parent (module docstring). Ids bounded (``bounded_id``); a
+    parent equal to the session itself is no parent."""
+    sid, source = header_session(scope)
+    if sid is None:
+        return NamedSession()
+    thread, parent_thread = header(scope, CODEX_THREAD), _codex_parent(scope)
+    if thread and parent_thread:  # a Codex subagent; its root thread is Codex's session-id
+        codex_root = header(scope, b"session-id") or header(scope, b"session_id")
+        parent = sid if parent_thread == codex_root else bounded_id(parent_thread)
+        return _tree(bounded_id(thread), "codex-thread", parent, sid)
+    agent = header(scope, CLAUDE_AGENT)
+    if agent:
+        parent_agent = header(scope, CLAUDE_PARENT_AGENT)
+        parent = bounded_id(f"{sid}/agent/{parent_agent}") if parent_agent else sid
+        return _tree(bounded_id(f"{sid}/agent/{agent}"), "claude-code-agent", parent, sid)
+    parent = header(scope, PARENT_SESSION)
+    if parent:
+        return _tree(sid, source, bounded_id(parent), None)
+    return NamedSession(sid, source)
+
+
+def _tree(sid: str, source: str | None, parent: str, root: str | None) -> NamedSession:
+    if parent == sid:
+        return NamedSession(sid, source)
+    return NamedSession(sid, source, parent, root if root not in (sid, parent) else None)
+
+
+def session_ends(scope: Scope) -> bool:
+    """True when the request carries ``x-speedgate-session-end`` as ``true``, ``1`` or
+    ``yes`` (any case): its session ends once it is done."""
+    value = header(scope, END_HEADER)
+    return value is not None and value.strip().lower() in ("true", "1", "yes")
+
+
+def name_request(scope: Scope, rec: RequestRecord) -> None:
+    """What a request's headers say of it, on its record before anything else is read: its
+    session (``named_session``: ``session_id``, ``session_src``, ``parent_session_id``,
+    ``root_session_id``), whether it ends the session (``session_end``), and the tier it asks
+    for in ``x-speedgate-tier`` (``client_tier``, for the access log of a refused request)."""
+    named = named_session(scope)
+    rec.session_id, rec.session_src = named.session_id, named.source
+    rec.parent_session_id, rec.root_session_id = named.parent, named.root
+    rec.session_end = session_ends(scope)
+    tier = header(scope, b"x-speedgate-tier")
+    rec.client_tier = tier[:MAX_ASKED_CHARS] if tier else None
 
 
 def body_session(doc: dict[str, Any]) -> tuple[str | None, str | None]:
