@@ -72,7 +72,8 @@ async def account(state: GatewayState, ex: Exchange) -> None:
         log_access(rec, state.config.telemetry.access_log_format)
     if rec.key_id or rec.session_id:
         try:
-            await state.usage.add(rec.key_id, rec.session_id, UsageDelta.from_record(rec))
+            await state.usage.add(rec.key_id, rec.session_id, UsageDelta.from_record(rec),
+                                  parent=rec.parent_session_id)
         except (Exception, asyncio.CancelledError):
             log.exception("usage totals not updated for request %s", rec.request_id)
 

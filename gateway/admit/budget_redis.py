@@ -109,5 +109,8 @@ class RedisBudgetLedger:
                 reserved += float(usd)
         return BudgetEntry(vals.get("budget_usd", 0.0), vals.get("spent_usd", 0.0), reserved)
 
+    async def delete(self, ledger_id: str) -> None:
+        await self.client.delete(*self.keys(ledger_id))
+
     async def close(self) -> None:
         await self.client.aclose()

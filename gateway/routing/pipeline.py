@@ -245,6 +245,16 @@ class PoolRouter:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
+    async def forget(self, session: str) -> None:
+        """``session`` (its routing key, ``RouteRequest.session_key``) ended: its binding and
+        its place in the active-session ledgers (this process's, and Redis' when shared) are
+        released; its prefix blocks stay (shared with conversations that start the same)."""
+        await self.drain()  # a binding still being written would come back
+        self.ledger.forget(session)
+        if self.shared_ledger is not None:
+            await self.shared_ledger.forget(session, [r.name for r in self.pool.replicas])
+        await self.store.forget(self.pool.key, session)
+
     async def drain(self) -> None:
         """Wait for the bindings being written (tests, shutdown)."""
         while self._pending:

@@ -166,3 +166,37 @@ async def test_budget_store_down_follows_the_fail_mode(mode):
         with pytest.raises(BudgetUnavailable) as e:
             await b.reserve(key, "s", None, "m", 0.1, "r")
         assert e.value.status == 503 and e.value.headers()["retry-after"] == "1"
+
+
+async def _subagent_spend(b: SessionBudgets) -> None:
+    """A budget of $1: the parent spends $0.5, its subagent $0.4; the parent's ledger carries
+    both, so the subagent's next $0.2 request is refused by the parent's ledger although the
+    subagent's own has room, and the parent itself has $0.1 left."""
+    key = ApiKeyConfig(id="k", hash=HASH, session_budget_usd=1)
+    h = await b.reserve(key, "main", None, "m", 0.5, "r1")
+    await b.settle(h, 0.5)
+    h = await b.reserve(key, "main/agent/a1", None, "m", 0.4, "r2", ancestors=["main"])
+    assert h is not None and h.also == ("k/main",)
+    assert h.remaining_usd == pytest.approx(0.5)  # the least remaining: the parent's
+    await b.settle(h, 0.4)
+    assert (await b.read("k", "main"))["spent_usd"] == pytest.approx(0.9)
+    assert (await b.read("k", "main/agent/a1"))["spent_usd"] == pytest.approx(0.4)
+    h = await b.reserve(key, "main/agent/a1", None, "m", 0.05, "r3", ancestors=["main"])
+    await b.settle(h, 0.15)  # it cost more than its estimate: the parent is at $1.05
+    with pytest.raises(BudgetExceeded):
+        await b.reserve(key, "main/agent/a1", None, "m", 0.01, "r4", ancestors=["main"])
+    # the refusal by the parent's ledger left no hold on the subagent's own
+    assert (await b.read("k", "main/agent/a1"))["reserved_usd"] == 0.0
+    await b.release("k", "main")  # the session ended: its ledger is gone
+    assert await b.read("k", "main") is None
+
+
+async def test_a_subagents_spend_is_charged_to_its_parent():
+    await _subagent_spend(SessionBudgets(load_config(models=MODELS)))
+
+
+async def test_a_subagents_spend_is_charged_to_its_parent_in_redis():
+    async with redis_ledgers() as make:
+        ledger = make()
+        await _subagent_spend(SessionBudgets(load_config(models=MODELS), ledger))
+        assert not await ledger.client.exists(*ledger.keys("k/main"))
