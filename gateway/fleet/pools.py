@@ -108,6 +108,10 @@ class ReplicaRouter(Protocol):
         """Wait for the router's pending state-store writes."""
         ...
 
+    async def forget(self, session: str) -> None:
+        """Release an ended session's routing state (its routing key)."""
+        ...
+
 
 @dataclass(slots=True, eq=False)
 class Pool:
