@@ -113,7 +113,8 @@ class BudgetLedger(Protocol):
         ...
 
     async def settle(self, ledger_id: str, request_id: str, actual_usd: float) -> None:
-        """Replace ``request_id``'s reservation by its actual cost."""
+        """Replace ``request_id``'s reservation by its actual cost (nothing when the ledger
+        was dropped meanwhile: its session ended)."""
         ...
 
     async def read(self, ledger_id: str) -> BudgetEntry | None:
@@ -171,6 +172,8 @@ class MemoryBudgetLedger:
         return True, before
 
     async def settle(self, ledger_id: str, request_id: str, actual_usd: float) -> None:
+        if ledger_id not in self._entries:  # dropped meanwhile (its session ended)
+            return
         e = self._entry(ledger_id)
         held = e.holds.pop(request_id, None)
         if held is not None:

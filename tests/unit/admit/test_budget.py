@@ -187,8 +187,12 @@ async def _subagent_spend(b: SessionBudgets) -> None:
         await b.reserve(key, "main/agent/a1", None, "m", 0.01, "r4", ancestors=["main"])
     # the refusal by the parent's ledger left no hold on the subagent's own
     assert (await b.read("k", "main/agent/a1"))["reserved_usd"] == 0.0
+    late = await b.reserve(key, "solo", None, "m", 0.1, "r5")
     await b.release("k", "main")  # the session ended: its ledger is gone
+    await b.release("k", "solo")
     assert await b.read("k", "main") is None
+    await b.settle(late, 0.1)  # a request settling after its session ended: nothing back
+    assert await b.read("k", "solo") is None
 
 
 async def test_a_subagents_spend_is_charged_to_its_parent():
