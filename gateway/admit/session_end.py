@@ -14,7 +14,9 @@ resets a budget: it expires ``budgets.session_ttl_s`` after the last request.
 ``SessionEnds`` remembers when each session (per API key, at most ``max_sessions``, least
 recently seen dropped first) was last seen and its routing key; ``sweep`` ends those idle
 (called on every finished request and every ``idle_s / 4`` by ``run``). With several gateway
-replicas each sweeps the sessions it served; Redis keys it does not delete expire by TTL.
+replicas each sweeps the sessions it served and releases only its own state (another gateway
+may be serving the session): in Redis the active-session sets drop members idle for
+``session_idle_s`` and the binding expires with ``routing.table_ttl_s``.
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ class SessionEnds:
         if route_key is not None:
             for pool in self.pools.all():
                 if pool.router is not None:
-                    await pool.router.forget(route_key)
+                    await pool.router.forget(route_key, shared=how == EXPLICIT)
             for table in self.auto_tables:
                 table.delete(route_key)
         if how == EXPLICIT:

@@ -158,3 +158,44 @@ def test_sweep_is_ordered_and_bounded():
         assert await ends.sweep() == 2 and usage.ended == [("b", "idle"), ("c", "idle")]
 
     asyncio.run(main())
+
+
+def test_only_an_explicit_end_touches_shared_state():
+    """An idle end is seen by one gateway process (another may still serve the session): it
+    releases this process's state only; an explicit end releases the shared (Redis) state and
+    the budget ledger too."""
+    from gateway.admit.session_end import SessionEnds
+
+    calls: list[tuple[str, bool]] = []
+
+    class Router:
+        async def forget(self, session: str, shared: bool = True) -> None:
+            calls.append((session, shared))
+
+    class Pool:
+        router = Router()
+
+    class Pools:
+        def all(self):
+            return [Pool()]
+
+    class Budgets:
+        def __init__(self) -> None:
+            self.released: list[str] = []
+
+        async def release(self, key_id, session_id):
+            self.released.append(session_id)
+
+    class Usage:
+        async def end(self, key_id, session_id, how):
+            pass
+
+    async def main() -> None:
+        budgets = Budgets()
+        ends = SessionEnds(Pools(), budgets, Usage(), idle_s=10.0)
+        await ends.end("k", "a", "h:k/a", "explicit")
+        await ends.end("k", "b", "h:k/b", "idle")
+        assert calls == [("h:k/a", True), ("h:k/b", False)]
+        assert budgets.released == ["a"]
+
+    asyncio.run(main())
