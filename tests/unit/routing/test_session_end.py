@@ -199,3 +199,62 @@ def test_only_an_explicit_end_touches_shared_state():
         assert budgets.released == ["a"]
 
     asyncio.run(main())
+
+
+async def test_explicit_end_through_the_app_deletes_its_redis_state():
+    """With ``state.redis_url`` (routing, ledgers, budgets and usage in Redis): the ended
+    session's binding key, its place in the active-session sets and its budget ledger are
+    deleted; its usage hash stays, marked ``ended``; another session's state is untouched."""
+    aioredis = pytest.importorskip("redis.asyncio")
+    client = aioredis.Redis.from_url("redis://127.0.0.1:6379/0", socket_timeout=1)
+    tag = uuid.uuid4().hex[:8]
+    prefix, budget_prefix = f"test:end-route:{tag}:", f"test:end-budget:{tag}:"
+    ends, stays = f"ends-{tag}", f"stays-{tag}"
+    try:
+        await client.ping()
+    except Exception:
+        await client.aclose()
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    try:
+        with start_sim(time_scale=0, model="m") as sim:
+            pool = {"served_model_name": "m", "endpoints": [sim.url]}
+            config = load_config(
+                health={"enabled": False},
+                state={"redis_url": "redis://127.0.0.1:6379/0", "routing_key_prefix": prefix},
+                budgets={"redis_prefix": budget_prefix},
+                models={"m": {"default_tier": "standard", "tiers": {"standard": pool}}})
+            app = create_app(config)
+            async with app.api.router.lifespan_context(app.api):
+                state = app.api.state.gateway
+                (p,) = state.pools.all()
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+                    for sid in (ends, stays):
+                        await _turn(c, sid)
+                    await p.router.drain()
+                    store, shared = p.router.store, p.router.shared_ledger
+                    budget_keys = state.admission.budgets.ledger.keys(f"-/{ends}")
+                    binding = store.session_key(p.key, f"h:{ends}")
+                    assert await client.exists(binding)
+                    assert await client.exists(budget_keys[0])
+                    active = shared.key(p.replicas[0].name)
+                    assert {f"h:{ends}".encode(), f"h:{stays}".encode()} <= set(
+                        await client.zrange(active, 0, -1))
+
+                    await _turn(c, ends, **{"x-speedgate-session-end": "true"})
+                    assert not await client.exists(binding)
+                    assert not await client.exists(*budget_keys)
+                    members = set(await client.zrange(active, 0, -1))
+                    assert f"h:{ends}".encode() not in members
+                    assert f"h:{stays}".encode() in members
+                    assert await client.exists(store.session_key(p.key, f"h:{stays}"))
+                    usage = state.usage
+                    assert await client.hget(usage.session_hash(None, ends), "ended") == (
+                        b"explicit")
+                    assert (await usage.get_session(None, ends)).requests == 2
+    finally:
+        keys = [k async for k in client.scan_iter(match=f"test:end-*:{tag}:*")]
+        usage_keys = [k async for k in client.scan_iter(match=f"speedgate:usage:*{tag}*")]
+        if keys or usage_keys:
+            await client.delete(*keys, *usage_keys)
+        await client.aclose()
