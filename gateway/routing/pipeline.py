@@ -251,13 +251,13 @@ class PoolRouter:
         shared ones (Redis) when ``shared`` (an explicit end; an idle one, seen by this
         process only, leaves them to their TTLs); its prefix blocks stay (shared with
         conversations that start the same)."""
-        await self.drain()  # a binding still being written would come back
         self.ledger.forget(session)
         if not shared:
             forget_local = getattr(self.store, "forget_nowait", None)
             if forget_local is not None:  # an in-process store: this process's own
                 forget_local(self.pool.key, session)
             return
+        await self.drain()  # a binding still being written to Redis would come back
         if self.shared_ledger is not None:
             await self.shared_ledger.forget(session, [r.name for r in self.pool.replicas])
         await self.store.forget(self.pool.key, session)
