@@ -196,7 +196,9 @@ class MemoryUsageStore:
         self.max_sessions = max_sessions
         self._keys: dict[str, UsageTotals] = {}
         self._sessions: OrderedDict[str, UsageTotals] = OrderedDict()
-        self._children: dict[str, dict[str, None]] = {}  # scoped parent → child ids, in order
+        # scoped parent → child ids in order; an LRU bounded like the sessions (a parent may
+        # be named without ever sending a request of its own)
+        self._children: OrderedDict[str, dict[str, None]] = OrderedDict()
 
     async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta,
                   parent: str | None = None) -> None:
@@ -216,7 +218,14 @@ class MemoryUsageStore:
             totals.add(delta, now)
             totals.ended = ""  # a turn after its end: the session goes on
             if parent is not None:
-                kids = self._children.setdefault(session_scope(key_id, parent), {})
+                pid = session_scope(key_id, parent)
+                kids = self._children.get(pid)
+                if kids is None:
+                    kids = self._children[pid] = {}
+                    if len(self._children) > self.max_sessions:
+                        self._children.popitem(last=False)
+                else:
+                    self._children.move_to_end(pid)
                 if len(kids) < MAX_CHILDREN:
                     kids[_id(session_id)] = None
 

@@ -81,6 +81,23 @@ def test_memory_tree_rolls_up() -> None:
     asyncio.run(main())
 
 
+def test_links_are_bounded_like_the_sessions() -> None:
+    """A client naming a new parent on every request (never a session itself) cannot grow the
+    links past ``max_sessions`` parents; a parent keeps at most ``MAX_CHILDREN`` children."""
+    from gateway.telemetry.usage_store import MAX_CHILDREN
+
+    async def main() -> None:
+        s = MemoryUsageStore(max_sessions=10)
+        for i in range(100):
+            await s.add("k", f"child-{i}", SUB, parent=f"parent-{i}")
+        assert len(s._children) == 10 and len(s._sessions) == 10
+        for i in range(MAX_CHILDREN + 5):
+            await s.add("k", f"c{i}", SUB, parent="busy")
+        assert len(await s.children("k", "busy")) == MAX_CHILDREN
+
+    asyncio.run(main())
+
+
 def test_a_cycle_is_cut() -> None:
     async def main() -> None:
         s = MemoryUsageStore()
