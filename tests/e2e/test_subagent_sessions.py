@@ -6,6 +6,7 @@ turn carrying ``x-speedgate-session-end: true`` ends its session."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -114,3 +115,42 @@ def test_the_last_turn_ends_its_session(stack: Stack) -> None:
         return {s["session_id"]: s["ended"] for s in state["sessions"]["ended"]}.get(sid)
 
     assert wait_for(lambda: console_says() == "explicit", timeout_s=10)
+
+
+@pytest.mark.parametrize("agent", ["codex", "opencode"])
+def test_codex_and_opencode_subagents_roll_up(stack: Stack, agent: str) -> None:
+    """The real ``openai`` SDK with the headers each agent sends: Codex's Responses requests
+    (``session-id``, ``thread-id``, a spawned thread's ``x-codex-parent-thread-id`` and
+    ``x-codex-turn-metadata``), OpenCode's chat completions to a custom provider
+    (``X-Session-Id``, ``x-session-affinity``, a child's ``x-parent-session-id``)."""
+    import openai
+
+    client = openai.OpenAI(base_url=stack.base_url + "/v1", api_key=KEY, max_retries=0)
+    root, child = f"{agent}-{uuid.uuid4().hex[:8]}", f"{agent}-child-{uuid.uuid4().hex[:8]}"
+    if agent == "codex":
+        parent_h = {"session-id": root, "thread-id": root}
+        child_h = {"session-id": root, "thread-id": child, "x-codex-parent-thread-id": root,
+                   "x-openai-subagent": "collab_spawn",
+                   "x-codex-turn-metadata": json.dumps({"parent_thread_id": root,
+                                                        "thread_source": "subagent"})}
+
+        def turn(headers: dict[str, str]) -> None:
+            client.responses.create(model=MODEL, input="go on", max_output_tokens=4,
+                                    store=False, extra_headers=headers)
+    else:
+        parent_h = {"X-Session-Id": root, "x-session-affinity": root}
+        child_h = {"X-Session-Id": child, "x-session-affinity": child,
+                   "x-parent-session-id": root}
+
+        def turn(headers: dict[str, str]) -> None:
+            client.chat.completions.create(model=MODEL, max_tokens=4, extra_headers=headers,
+                                           messages=[{"role": "user", "content": "go on"}])
+
+    for headers in (parent_h, child_h, child_h, parent_h):
+        turn(headers)
+    assert wait_for(lambda: _usage(stack, root)["requests"] == 4, timeout_s=10)
+    doc = _usage(stack, root)
+    assert doc["own"]["requests"] == 2
+    assert [(c["session_id"], c["requests"]) for c in doc["children"]] == [(child, 2)]
+    src = "codex-thread" if agent == "codex" else "header"
+    assert f"session_id={child} session_src={src}" in stack.log()
