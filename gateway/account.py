@@ -1,5 +1,7 @@
 """Step 5 of a request, account: usage (estimated with tiktoken when the engine sent none),
-cost, metrics, the request span, the access log line and the per-key/per-session totals.
+cost, metrics, the request span, the access log line and the per-key/per-session totals
+(a subagent's linked to its parent's); then its session's end (``gateway.admit.session_end``:
+asked for by the request, or others' for idleness).
 
 Runs once per request on every exit path, after the response ended (or failed).
 """
@@ -11,6 +13,7 @@ import logging
 import time
 
 from gateway.fleet.rates import PoolRates
+from gateway.routing.keys import CONVERSATION, RESPONSES_CHAIN, session_key
 from gateway.state import GatewayState
 from gateway.telemetry.access_log import log_access
 from gateway.telemetry.cost import cost_usd
@@ -72,9 +75,22 @@ async def account(state: GatewayState, ex: Exchange) -> None:
         log_access(rec, state.config.telemetry.access_log_format)
     if rec.key_id or rec.session_id:
         try:
-            await state.usage.add(rec.key_id, rec.session_id, UsageDelta.from_record(rec))
+            await state.usage.add(rec.key_id, rec.session_id, UsageDelta.from_record(rec),
+                                  parent=rec.parent_session_id)
         except (Exception, asyncio.CancelledError):
             log.exception("usage totals not updated for request %s", rec.request_id)
+    await state.sessions.observe(rec, route_key(ex))
+
+
+def route_key(ex: Exchange) -> str | None:
+    """The routing key of ``ex``'s session: the planned route's, else (refused before it was
+    planned) the one a named session routes by; None for a derived session never routed."""
+    plan, rec = ex.planned, ex.rec
+    if plan is not None and plan.route is not None:
+        return plan.route.session_key
+    if rec.session_id is None or rec.session_src in (RESPONSES_CHAIN, CONVERSATION):
+        return None
+    return session_key({}, rec.session_id, scope=rec.key_id)
 
 
 def observe_rates(rates: PoolRates, rec: RequestRecord) -> None:

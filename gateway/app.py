@@ -125,6 +125,7 @@ def _lifespan(
         routing.start()
         scraper.start()
         auto.start()
+        sweeper = asyncio.get_running_loop().create_task(state.sessions.run())  # idle ends
         gc_settings.settle()  # start-up heap frozen, thresholds set (telemetry.gcstats)
         gc_stats.install()  # collections counted from here on
         try:
@@ -133,6 +134,8 @@ def _lifespan(
             gc_settings.restore()
             gc_stats.uninstall()
             metrics.registry.unregister(gc_stats)
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
             await auto.stop()
             await scraper.stop()
             await routing.stop()

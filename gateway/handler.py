@@ -110,7 +110,7 @@ class ApiRoute:
             path=self.protocol.path,
             operation=self.protocol.operation,
         )
-        rec.session_id, rec.session_src = request.session_id, request.session_src
+        request.name(rec)  # its session (a subagent's under its parent), its end
         trace = self.state.telemetry.start_request(
             scope["headers"], self.protocol.operation, self.protocol.span_attributes()
         )

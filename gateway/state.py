@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from gateway.admit.admission import AdmissionControl, build_admission
 from gateway.admit.flow.metrics import register_flow_metrics
+from gateway.admit.session_end import SessionEnds
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
 from gateway.console.recorder import ConsoleRecorder
@@ -25,7 +26,8 @@ class GatewayState:
     """Everything a request needs: config, name index, pools, upstream client, health probes,
     metrics, traces and the usage totals store; ``admission``: priority bands, pool queues and
     session budgets; ``auto``: the auto tier's live estimates; ``console``: the console's live
-    windows (None when the console is disabled)."""
+    windows (None when the console is disabled); ``sessions``: ends sessions (explicitly or
+    idle) and releases their state."""
 
     config: GatewayConfig
     models: ModelIndex
@@ -38,6 +40,7 @@ class GatewayState:
     admission: AdmissionControl
     auto: AutoTier
     console: ConsoleRecorder | None
+    sessions: SessionEnds
 
 
 def build_state(config: GatewayConfig, redis: RedisConnection | None) -> GatewayState:
@@ -57,6 +60,11 @@ def build_state(config: GatewayConfig, redis: RedisConnection | None) -> Gateway
         RedisUsageStore(redis.client, breaker=redis.breaker) if redis is not None
         else MemoryUsageStore()
     )
+    console = ConsoleRecorder(config.console) if config.console.enabled else None
+    idle_s = max((p.config.routing.session_idle_s for p in pools.all()), default=120.0)
+    sessions = SessionEnds(pools, admission.budgets, usage, idle_s,
+                           auto_tables=auto.sessions.values(),
+                           on_end=console.session_ended if console is not None else None)
     return GatewayState(
         config=config,
         models=ModelIndex(config),
@@ -68,5 +76,6 @@ def build_state(config: GatewayConfig, redis: RedisConnection | None) -> Gateway
         usage=usage,
         admission=admission,
         auto=auto,
-        console=ConsoleRecorder(config.console) if config.console.enabled else None,
+        console=console,
+        sessions=sessions,
     )

@@ -96,7 +96,8 @@ class AdmissionControl:
         prices = [p.prices for t, p in treq.model.tiers.items() if allowed is None or t in allowed]
         ticket.hold = await self.budgets.reserve(
             cfg, rec.session_id, request.budget, treq.model_name,
-            estimate_usd(raw_size / BYTES_PER_TOKEN, output, prices), rec.request_id)
+            estimate_usd(raw_size / BYTES_PER_TOKEN, output, prices), rec.request_id,
+            ancestors=[s for s in (rec.parent_session_id, rec.root_session_id) if s])
         return ticket
 
     async def wait(

@@ -22,7 +22,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -116,11 +116,16 @@ class BudgetLedger(Protocol):
         ...
 
     async def settle(self, ledger_id: str, request_id: str, actual_usd: float) -> None:
-        """Replace the reservation held under ``request_id`` by its actual cost."""
+        """Replace ``request_id``'s reservation by its actual cost (nothing when the ledger
+        was dropped meanwhile: its session ended)."""
         ...
 
     async def read(self, ledger_id: str) -> BudgetEntry | None:
         """The ledger (None when the session has none)."""
+        ...
+
+    async def delete(self, ledger_id: str) -> None:
+        """Drop the ledger (its session ended)."""
         ...
 
     async def close(self) -> None:
@@ -170,11 +175,20 @@ class MemoryBudgetLedger:
         return True, before
 
     async def settle(self, ledger_id: str, request_id: str, actual_usd: float) -> None:
+        if ledger_id not in self._entries:  # dropped meanwhile (its session ended)
+            return
         e = self._entry(ledger_id)
         held = e.holds.pop(request_id, None)
         if held is not None:
             e.state.reserved_usd = max(0.0, e.state.reserved_usd - held[0])
         e.state.spent_usd += actual_usd
+
+    async def delete(self, ledger_id: str) -> None:
+        self._entries.pop(ledger_id, None)
+
+    def sessions(self) -> int:
+        """How many sessions have a ledger here."""
+        return len(self._entries)
 
     async def read(self, ledger_id: str) -> BudgetEntry | None:
         if ledger_id not in self._entries:
@@ -196,6 +210,8 @@ class BudgetHold:
     remaining_usd: float
     soft: bool
     settled: bool = False
+    #: the ancestors' ledgers (a subagent's parent and root session) also charged
+    also: tuple[str, ...] = ()
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """Response headers: the session's budget and what remained at admission."""
@@ -254,29 +270,60 @@ class SessionBudgets:
         model: str,
         estimate: float,
         request_id: str,
+        ancestors: Sequence[str] = (),
     ) -> BudgetHold | None:
         """Check and reserve the session's budget for one request (None: no session or no
-        budget). Raises ``BudgetExceeded`` (429), ``BudgetUnavailable`` (503, fail closed)."""
+        budget). A subagent's request is charged to its ``ancestors``' ledgers too (its
+        parent's and root's sessions, each under the same budget): admitted only when every
+        one of them has room, reported with the least remaining. Raises ``BudgetExceeded``
+        (429), ``BudgetUnavailable`` (503, fail closed)."""
         budget = self.budget_for(key, header)
         if session_id is None or budget is None:
             return None
-        lid = ledger_id(key.id if key is not None else None, session_id)
+        scope = key.id if key is not None else None
+        lids = [ledger_id(scope, s) for s in (session_id, *ancestors)]
         hid = hold_id(request_id)
+        taken: list[str] = []
+        least: Verdict | None = None
         try:
-            admitted, before = await self.ledger.reserve(lid, budget, estimate, hid)
+            for lid in lids:
+                admitted, before = await self.ledger.reserve(lid, budget, estimate, hid)
+                v = check(before.spent_usd, before.reserved_usd, budget, self.config.soft_share)
+                if not admitted:
+                    await self._release(taken, hid)
+                    self.refusals[model] = self.refusals.get(model, 0) + 1
+                    raise BudgetExceeded(budget, v.remaining_usd)
+                taken.append(lid)
+                if least is None or v.remaining_usd < least.remaining_usd:
+                    least = v
+        except BudgetExceeded:
+            raise
         except Exception as e:  # Redis down or slow
+            await self._release(taken, hid)
             if self.config.fail_mode == "closed":
                 raise BudgetUnavailable("session budget store unavailable; try again",
                                         retry_after_s=1) from None
             log.warning("session budget not checked (store unavailable): %r", e)
             return None
-        v = check(before.spent_usd, before.reserved_usd, budget, self.config.soft_share)
-        if not admitted:
-            self.refusals[model] = self.refusals.get(model, 0) + 1
-            raise BudgetExceeded(budget, v.remaining_usd)
-        if v.soft:
+        assert least is not None
+        soft = least.soft
+        if soft:
             self.soft[model] = self.soft.get(model, 0) + 1
-        return BudgetHold(lid, hid, budget, v.remaining_usd, v.soft)
+        return BudgetHold(lids[0], hid, budget, least.remaining_usd, soft,
+                          also=tuple(lids[1:]))
+
+    async def _release(self, lids: Sequence[str], hid: str) -> None:
+        """Give back the holds ``hid`` already taken on ``lids`` (a later ledger refused)."""
+        for lid in lids:
+            try:
+                await self.ledger.settle(lid, hid, 0.0)
+            except Exception as e:  # it expires with the reservation TTL
+                log.warning("session budget hold not released for %s: %r", lid, e)
+
+    async def release(self, key_id: str | None, session_id: str) -> None:
+        """Drop the session's ledger: it ended (``gateway.admit.session_end``). Its spend
+        stays in the usage totals; a later request naming the same id starts a new one."""
+        await self.ledger.delete(ledger_id(key_id, session_id))
 
     async def settle(self, hold: BudgetHold | None, actual_usd: float) -> None:
         """Replace the reservation by the request's actual cost (0 when nothing was served).
@@ -284,8 +331,7 @@ class SessionBudgets:
         if hold is None or hold.settled:
             return
         hold.settled = True
-        task = asyncio.get_running_loop().create_task(
-            self.ledger.settle(hold.ledger_id, hold.request_id, actual_usd))
+        task = asyncio.get_running_loop().create_task(self._settle_all(hold, actual_usd))
         self._settles.add(task)
         task.add_done_callback(self._settles.discard)
         try:
@@ -294,6 +340,10 @@ class SessionBudgets:
             pass
         except Exception as e:
             log.warning("session budget not settled for %s: %r", hold.ledger_id, e)
+
+    async def _settle_all(self, hold: BudgetHold, actual_usd: float) -> None:
+        for lid in (hold.ledger_id, *hold.also):
+            await self.ledger.settle(lid, hold.request_id, actual_usd)
 
     async def read(self, key_id: str | None, session_id: str) -> dict[str, float] | None:
         """``{budget_usd, spent_usd, reserved_usd, remaining_usd}`` of a session (None when

@@ -43,7 +43,9 @@ return {1, tostring(spent), tostring(reserved)}
 """
 
 # KEYS: 1 ledger hash, 2 holds hash. ARGV: 1 request id, 2 actual cost, 3 session ttl s.
+# A ledger deleted meanwhile (its session ended) stays deleted.
 SETTLE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[2], ARGV[1])
 if tonumber(ARGV[2]) ~= 0 then redis.call('HINCRBYFLOAT', KEYS[1], 'spent_usd', ARGV[2]) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -108,6 +110,9 @@ class RedisBudgetLedger:
             if exp.isdigit() and int(exp) > now_ms:
                 reserved += float(usd)
         return BudgetEntry(vals.get("budget_usd", 0.0), vals.get("spent_usd", 0.0), reserved)
+
+    async def delete(self, ledger_id: str) -> None:
+        await self.client.delete(*self.keys(ledger_id))
 
     async def close(self) -> None:
         await self.client.aclose()

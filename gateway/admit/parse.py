@@ -18,6 +18,8 @@ would cost a third or more of the work it moves.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from gateway.admit.body_schema import check_body_schema
 from gateway.admit.hardening import check_json_shape
@@ -29,10 +31,16 @@ from gateway.protocols.body import ParsedBody
 OFFLOAD_PARSE_BYTES = 256 * 1024
 
 
-def parse_checked(protocol: Protocol, raw: bytes, max_json_depth: int) -> ParsedBody:
+def parse_checked(
+    protocol: Protocol, raw: bytes, max_json_depth: int,
+    on_doc: Callable[[dict[str, Any]], None] | None = None,
+) -> ParsedBody:
     """``raw`` parsed by ``protocol`` and checked (module docstring); raises
-    ``InvalidRequest`` (400) in the protocol's terms."""
+    ``InvalidRequest`` (400) in the protocol's terms. ``on_doc`` sees the parsed document
+    before it is checked (the access log keeps what a refused request asked for)."""
     body = protocol.parse(raw)
+    if on_doc is not None:
+        on_doc(body.doc)
     check_json_shape(body.doc, max_json_depth)
     if protocol.operation in ("chat", "text_completion"):
         check_sampling_params(body.doc, protocol.operation)
@@ -42,9 +50,10 @@ def parse_checked(protocol: Protocol, raw: bytes, max_json_depth: int) -> Parsed
 
 async def read_checked(
     protocol: Protocol, raw: bytes, max_json_depth: int,
+    on_doc: Callable[[dict[str, Any]], None] | None = None,
     offload_bytes: int = OFFLOAD_PARSE_BYTES,
 ) -> ParsedBody:
     """``parse_checked``, in a worker thread when ``raw`` has ``offload_bytes`` or more."""
     if len(raw) >= offload_bytes:
-        return await asyncio.to_thread(parse_checked, protocol, raw, max_json_depth)
-    return parse_checked(protocol, raw, max_json_depth)
+        return await asyncio.to_thread(parse_checked, protocol, raw, max_json_depth, on_doc)
+    return parse_checked(protocol, raw, max_json_depth, on_doc)

@@ -87,7 +87,8 @@ async def admit_and_plan(
     the module docstring's order, recording into ``rec`` (session, band, model, tier, auto
     choice) and lending into ``lent``, which the caller created and releases: on a refusal it
     holds what was taken before it. Raises ``GatewayError`` in ``protocol``'s terms."""
-    body = await read_checked(protocol, request.body, deps.config.server.max_json_depth)
+    body = await read_checked(protocol, request.body, deps.config.server.max_json_depth,
+                              rec.note_asked)
     if rec.session_id is None:
         rec.session_id, rec.session_src = body_session(body.doc)
     treq = deps.models.resolve(body.doc["model"], request.tier, protocol.service_tier(body.doc),

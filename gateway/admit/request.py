@@ -19,9 +19,13 @@ from dataclasses import dataclass, replace
 
 from gateway.admit.budget import HEADER as BUDGET_HEADER
 from gateway.admit.flow.bands import HEADER as PRIORITY_HEADER
-from gateway.admit.session import headers_session
+from gateway.admit.session import NamedSession, first_values, named_session, session_ends
 from gateway.asgi import Scope, checked_request_id
+from gateway.telemetry.record import MAX_ASKED_CHARS, RequestRecord
 from gateway.upstream.deadline import ClientTimeouts, client_timeouts
+
+#: A request whose headers name no session.
+NO_SESSION = NamedSession()
 
 _HINTS = {
     b"authorization": "authorization",
@@ -60,8 +64,8 @@ class ClientRequest:
     timeout: str | None = None
     sdk_timeout: str | None = None
     sdk_read_timeout: str | None = None
-    session_id: str | None = None
-    session_src: str | None = None
+    named: NamedSession = NO_SESSION
+    session_end: bool = False
     body: bytes = b""
 
     @classmethod
@@ -71,23 +75,18 @@ class ClientRequest:
     ) -> ClientRequest:
         """The request of ``headers`` (module docstring) on ``path``; ``request_id``: one the
         edge already settled on (else read from ``x-request-id``)."""
-        pairs = list(headers)
-        found: dict[str, str] = {}
-        rid: bytes | None = None
-        for k, v in pairs:
-            name = _HINTS.get(k)
-            if name is not None and name not in found:
-                found[name] = v.decode("latin-1")
-            elif k == b"x-request-id" and rid is None:
-                rid = v
-        sid, src = headers_session(pairs)
+        first = first_values(headers)
+        found = {name: first[k] for k, name in _HINTS.items() if k in first}
+        rid = first.get(b"x-request-id")
         get = found.get
         return cls(path=path,
-                   request_id=request_id or checked_request_id(rid), client=client,
+                   request_id=request_id or checked_request_id(
+                       rid.encode("latin-1") if rid is not None else None), client=client,
                    authorization=get("authorization"), api_key=get("api_key"),
                    tier=get("tier"), priority=get("priority"), budget=get("budget"),
                    timeout=get("timeout"), sdk_timeout=get("sdk_timeout"),
-                   sdk_read_timeout=get("sdk_read_timeout"), session_id=sid, session_src=src)
+                   sdk_read_timeout=get("sdk_read_timeout"), named=named_session(first),
+                   session_end=session_ends(first))
 
     @classmethod
     def from_scope(cls, scope: Scope) -> ClientRequest:
@@ -97,6 +96,27 @@ class ClientRequest:
         return cls.from_headers(scope.get("path", ""), scope["headers"],
                                 client=f"{peer[0]}:{peer[1]}" if peer else None,
                                 request_id=scope.get("speedgate.request_id") or None)
+
+    @property
+    def session_id(self) -> str | None:
+        """The session its headers name (None when none does)."""
+        return self.named.session_id
+
+    @property
+    def session_src(self) -> str | None:
+        """Where ``session_id`` came from (the source name the access log shows)."""
+        return self.named.source
+
+    def name(self, rec: RequestRecord) -> None:
+        """Put what the headers say of the request on its record before anything else is
+        read: its session (``session_id``, ``session_src``, ``parent_session_id``,
+        ``root_session_id``), whether it ends the session (``session_end``) and the tier it
+        asks for (``client_tier``, kept for the access log of a refused request)."""
+        named = self.named
+        rec.session_id, rec.session_src = named.session_id, named.source
+        rec.parent_session_id, rec.root_session_id = named.parent, named.root
+        rec.session_end = self.session_end
+        rec.client_tier = self.tier[:MAX_ASKED_CHARS] if self.tier else None
 
     def with_body(self, body: bytes) -> ClientRequest:
         """This request with its (decoded) ``body``."""

@@ -33,11 +33,38 @@ id makes each turn its own chain, hence its own session: send ``x-session-id`` o
 ``prompt_cache_key`` (or ``store: false``) to keep such turns one session.
 
 Values longer than ``MAX_ID_CHARS`` are kept as their fixed-size digest (``bounded_id``).
+
+**Subagents** (``named_session``) are sessions of their own under a parent: their turns get their
+own affinity (a subagent's prompt is not its parent's prefix) and their usage and budget roll up
+to the parent. Each agent marks them its own way (read from the clients themselves):
+
+- Claude Code sends its CLI session's ``X-Claude-Code-Session-Id`` on every request, the main
+  agent's and its subagents' alike, and on a subagent's requests ``x-claude-code-agent-id``
+  (the subagent) and, when that subagent was started by another subagent,
+  ``x-claude-code-parent-agent-id``. A subagent is the session ``<session>/agent/<agent id>``
+  (source ``claude-code-agent``); its parent the parent agent's such session, else the main
+  session.
+- Codex sends ``session-id`` (the root thread, the same for every thread of a session),
+  ``thread-id`` (this thread) and, on a spawned subagent's thread, ``x-codex-parent-thread-id``
+  (also ``parent_thread_id`` in the ``x-codex-turn-metadata`` JSON). A subagent is the session
+  named by its ``thread-id`` (source ``codex-thread``), its parent the parent thread (the
+  root thread is the request's session as the precedence names it, e.g. ``session-id``).
+- OpenCode sends ``X-Session-Id`` (its session, source ``header``) and, from a subagent's
+  (child) session, ``x-parent-session-id``: the parent session. Any client may send the pair.
+
+The session that started the tree (its root: Claude Code's and Codex's session id) is kept too
+when it is not the parent (a subagent of a subagent), so budgets charge both.
+
+**Ending a session.** ``x-speedgate-session-end: true`` on a request (its last turn) ends the
+session once that request is done (``session_ends``): its routing state and budget ledger are
+released (``gateway.admit.session_end``), its usage totals stay readable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.asgi import Scope
@@ -52,8 +79,32 @@ SESSION_HEADERS: tuple[tuple[bytes, str], ...] = (
     (b"session_id", "codex"),
     (b"x-opencode-session", "opencode"),
 )
+#: Claude Code: the subagent's id, and its parent agent's id (a subagent's subagent).
+CLAUDE_AGENT = b"x-claude-code-agent-id"
+CLAUDE_PARENT_AGENT = b"x-claude-code-parent-agent-id"
+#: Codex: this thread, its parent thread (a spawned subagent), and the turn's JSON metadata.
+CODEX_THREAD = b"thread-id"
+CODEX_PARENT_THREAD = b"x-codex-parent-thread-id"
+CODEX_TURN_METADATA = b"x-codex-turn-metadata"
+#: OpenCode's (and anyone's) parent session of a child session.
+PARENT_SESSION = b"x-parent-session-id"
+#: The request header that ends its session once it is done (``true``/``1``/``yes``).
+END_HEADER = b"x-speedgate-session-end"
+#: Longest ``x-codex-turn-metadata`` read (bytes): more is not Codex's and is ignored.
+MAX_TURN_METADATA = 16_384
 #: The body field of a session (OpenAI chat completions and Responses).
 CACHE_KEY_FIELD = "prompt_cache_key"
+
+
+def first_values(headers: Iterable[tuple[bytes, bytes]]) -> dict[bytes, str]:
+    """A header list (ASGI's: lower-case byte names, byte values) as ``name -> first value``
+    decoded as latin-1 (a repeated header counts by its first value): what both edges, the
+    ASGI proxy and the ext_proc picker, read a request's session from."""
+    first: dict[bytes, str] = {}
+    for k, v in headers:
+        if k not in first:
+            first[k] = v.decode("latin-1")
+    return first
 
 
 def header_session(scope: Scope) -> tuple[str | None, str | None]:
@@ -63,19 +114,86 @@ def header_session(scope: Scope) -> tuple[str | None, str | None]:
 
 
 def headers_session(
-    headers: Iterable[tuple[bytes, bytes]],
+    headers: Iterable[tuple[bytes, bytes]] | Mapping[bytes, str],
 ) -> tuple[str | None, str | None]:
-    """``header_session`` over a header list (lower-case byte names, the first value of a
-    repeated header counts, values decoded as latin-1): what both edges, the ASGI proxy and
-    the ext_proc picker, read a request's session from."""
-    first: dict[bytes, bytes] = {}
-    for k, v in headers:
-        first.setdefault(k, v)
+    """``header_session`` over a header list, or over ``first_values`` of one."""
+    first = headers if isinstance(headers, Mapping) else first_values(headers)
     for name, source in SESSION_HEADERS:
         raw = first.get(name)
         if raw:
-            return bounded_id(raw.decode("latin-1")), source
+            return bounded_id(raw), source
     return None, None
+
+
+@dataclass(frozen=True, slots=True)
+class NamedSession:
+    """What a request's headers say of its session: ``session_id`` and ``source`` (both None
+    when no header names one), its ``parent`` session (a subagent's; None for a top-level
+    session) and the tree's ``root`` when it is neither the session nor the parent."""
+
+    session_id: str | None = None
+    source: str | None = None
+    parent: str | None = None
+    root: str | None = None
+
+    @property
+    def ancestors(self) -> tuple[str, ...]:
+        """The parent, then the root when it differs: the sessions a subagent's spend is
+        also charged to."""
+        return tuple(s for s in (self.parent, self.root) if s is not None)
+
+
+def _codex_parent(first: Mapping[bytes, str]) -> str | None:
+    """Codex's parent thread: the ``x-codex-parent-thread-id`` header, else the
+    ``parent_thread_id`` of the ``x-codex-turn-metadata`` JSON (None when neither names one)."""
+    parent = first.get(CODEX_PARENT_THREAD)
+    if parent:
+        return parent
+    raw = first.get(CODEX_TURN_METADATA)
+    if not raw or len(raw) > MAX_TURN_METADATA:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return None
+    value = meta.get("parent_thread_id") if isinstance(meta, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def named_session(first: Mapping[bytes, str]) -> NamedSession:
+    """The session a request's headers (``first_values``) name (``headers_session``), a
+    subagent's turns made their own session under their parent (module docstring). Ids
+    bounded (``bounded_id``); a parent equal to the session itself is no parent."""
+    sid, source = headers_session(first)
+    if sid is None:
+        return NamedSession()
+    thread, parent_thread = first.get(CODEX_THREAD), _codex_parent(first)
+    if thread and parent_thread:  # a Codex subagent; its root thread is Codex's session-id
+        codex_root = first.get(b"session-id") or first.get(b"session_id")
+        parent = sid if parent_thread == codex_root else bounded_id(parent_thread)
+        return _tree(bounded_id(thread), "codex-thread", parent, sid)
+    agent = first.get(CLAUDE_AGENT)
+    if agent:
+        parent_agent = first.get(CLAUDE_PARENT_AGENT)
+        parent = bounded_id(f"{sid}/agent/{parent_agent}") if parent_agent else sid
+        return _tree(bounded_id(f"{sid}/agent/{agent}"), "claude-code-agent", parent, sid)
+    parent = first.get(PARENT_SESSION)
+    if parent:
+        return _tree(sid, source, bounded_id(parent), None)
+    return NamedSession(sid, source)
+
+
+def _tree(sid: str, source: str | None, parent: str, root: str | None) -> NamedSession:
+    if parent == sid:
+        return NamedSession(sid, source)
+    return NamedSession(sid, source, parent, root if root not in (sid, parent) else None)
+
+
+def session_ends(first: Mapping[bytes, str]) -> bool:
+    """True when the request carries ``x-speedgate-session-end`` as ``true``, ``1`` or
+    ``yes`` (any case): its session ends once it is done."""
+    value = first.get(END_HEADER)
+    return value is not None and value.strip().lower() in ("true", "1", "yes")
 
 
 def body_session(doc: dict[str, Any]) -> tuple[str | None, str | None]:

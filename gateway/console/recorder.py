@@ -126,7 +126,12 @@ class ConsoleRecorder:
                 rec.key_id, rec.session_id, now, tier=rec.served_tier, ok=cls == "ok",
                 prompt=u.prompt if u else 0, cached=u.cached if u else 0,
                 completion=u.completion if u else 0, cost_usd=rec.cost_usd or 0.0,
+                parent=rec.parent_session_id,
             )
+
+    def session_ended(self, key_id: str | None, session_id: str, how: str) -> None:
+        """A session ended ``how`` (``explicit`` or ``idle``): its row says so."""
+        self.sessions.end(key_id, session_id, how)
 
     def _observe_pool(self, key: str, rec: RequestRecord, cls: str, now: float) -> None:
         ring = self.pools.get(key)

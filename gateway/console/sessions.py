@@ -54,6 +54,10 @@ class SessionStats:
     #: (what its next turn resends, cached there)
     last_tokens: int = 0
     tiers: dict[str, int] = field(default_factory=dict)
+    #: the parent session of a subagent's session (None for a top-level one)
+    parent: str | None = None
+    #: how it ended: ``explicit`` or ``idle`` (``gateway.admit.session_end``); None while on
+    ended: str | None = None
     _activity: float = 0.0  # decayed requests at ``last_seen``
     _spend: float = 0.0  # decayed USD at ``last_seen``
     # rankings independent of the time they are read: at any ``now``, value × 2^(−(now −
@@ -91,6 +95,8 @@ class SessionStats:
             "requests_per_min": round(self.requests_per_min(now, half_life_s), 4),
             "usd_per_hour": round(self.usd_per_hour(now, half_life_s), 9),
             "tiers": dict(self.tiers),
+            "parent_session_id": self.parent,
+            "ended": self.ended,
             "first_seen": wall_now - (now - self.first_seen),
             "last_seen": wall_now - (now - self.last_seen),
         }
@@ -120,8 +126,10 @@ class SessionTable:
         cached: int = 0,
         completion: int = 0,
         cost_usd: float = 0.0,
+        parent: str | None = None,
     ) -> SessionStats:
-        """Count one finished request of the session at ``now`` (monotonic s)."""
+        """Count one finished request of the session at ``now`` (monotonic s); ``parent``:
+        its parent session (a subagent's)."""
         session_id = clip_id(session_id) or ""
         k = (key_id, session_id)
         s = self._by_id.get(k)
@@ -138,6 +146,9 @@ class SessionTable:
             s._spend *= f
             s.last_seen = max(s.last_seen, now)
         s.turns += 1
+        s.ended = None  # a turn after an end: it goes on
+        if parent is not None:
+            s.parent = clip_id(parent)
         s.errors += 0 if ok else 1
         s.prompt_tokens += prompt
         s.cached_tokens += cached
@@ -153,6 +164,12 @@ class SessionTable:
         if tier:
             s.tiers[tier] = s.tiers.get(tier, 0) + 1
         return s
+
+    def end(self, key_id: str | None, session_id: str, how: str) -> None:
+        """Mark a session ended ``how`` (``explicit`` or ``idle``), when it is in the table."""
+        s = self._by_id.get((key_id, clip_id(session_id) or ""))
+        if s is not None:
+            s.ended = how
 
     def active(self, now: float, within_s: float) -> list[SessionStats]:
         """Sessions seen in the last ``within_s`` seconds, most recent first (the table is in
@@ -180,3 +197,42 @@ _RANKINGS = {
     "usd_per_hour": attrgetter("rank_spend", "cost_usd"),
     "last_tokens": attrgetter("last_tokens", "last_seen"),  # the largest KV footprints
 }
+
+
+def session_trees(
+    sessions: list[SessionStats], n: int, now: float, wall_now: float,
+    half_life_s: float = HALF_LIFE_S,
+) -> list[dict[str, Any]]:
+    """The ``n`` most expensive sessions of ``sessions`` that have subagents among them, each a
+    row (``SessionStats.to_dict``) with ``children`` (its subagents' rows, theirs nested the
+    same way) and ``total`` (turns, tokens and cost rolled up over the subtree)."""
+    by_parent: dict[tuple[str | None, str], list[SessionStats]] = {}
+    for s in sessions:
+        if s.parent is not None:
+            by_parent.setdefault((s.key_id, s.parent), []).append(s)
+
+    def node(s: SessionStats, seen: set[str]) -> dict[str, Any]:
+        seen.add(s.session_id)
+        row = s.to_dict(now, wall_now, half_life_s)
+        kids = [node(c, seen) for c in by_parent.get((s.key_id, s.session_id), [])
+                if c.session_id not in seen]
+        total = {k: row[k] + sum(c["total"][k] for c in kids)
+                 for k in ("turns", "prompt_tokens", "completion_tokens", "cost_usd")}
+        total["cost_usd"] = round(total["cost_usd"], 9)
+        row["children"], row["total"] = kids, total
+        return row
+
+    roots = [s for s in sessions if (s.key_id, s.session_id) in by_parent
+             and (s.parent is None or (s.key_id, s.parent) not in
+                  {(x.key_id, x.session_id) for x in sessions})]
+    trees = [node(s, set()) for s in roots]
+    trees.sort(key=lambda t: t["total"]["cost_usd"], reverse=True)
+    return trees[:n]
+
+
+def recently_ended(sessions: list[SessionStats], n: int, now: float, wall_now: float,
+                   half_life_s: float = HALF_LIFE_S) -> list[dict[str, Any]]:
+    """The ``n`` sessions of ``sessions`` that ended, most recently seen first, with how."""
+    done = [s for s in sessions if s.ended is not None]
+    done.sort(key=lambda s: s.last_seen, reverse=True)
+    return [s.to_dict(now, wall_now, half_life_s) for s in done[:n]]

@@ -37,8 +37,11 @@ Never in it: prompt or completion text, API keys, URL credentials (replica URLs 
   ``series`` (per step: ``t``, ``decisions``, ``fast_share``);
 - ``sessions``: ``active``, ``tracked``, ``evicted``, ``half_life_s``, ``most_active[]`` and
   ``most_expensive[]``, ``largest[]`` (by ``last_tokens``, the KV footprint of the latest turn)
-  (``SessionStats.to_dict``), ``kv`` since start: ``refused`` (fits no replica), ``tier_dropped``
-  (served by a later tier for not fitting), ``move``, ``wait`` (``routing.kv_placement``);
+  (``SessionStats.to_dict``: with ``parent_session_id`` and ``ended``), ``trees[]`` (sessions
+  with subagents, each with ``children`` and the subtree's ``total``), ``ended[]`` (sessions
+  that ended in the window, ``explicit`` or ``idle``), ``kv`` since start: ``refused`` (fits
+  no replica), ``tier_dropped`` (served by a later tier for not fitting), ``move``, ``wait``
+  (``routing.kv_placement``);
 - ``cost``: ``per_pool`` {``usd``, ``usd_per_hour``}, ``usd``, ``usd_per_hour``;
 - ``incidents``: ``totals`` by kind, ``by_reason[]`` (``kind``, ``where``, ``reason``,
   ``count``), ``recent[]`` (newest first: ``t``, ``age_s``, ``request_id``, ``model``,
@@ -57,7 +60,7 @@ from typing import Any
 from gateway.config import GatewayConfig
 from gateway.console.engine import EngineRates
 from gateway.console.recorder import ConsoleRecorder
-from gateway.console.sessions import top_sessions
+from gateway.console.sessions import recently_ended, session_trees, top_sessions
 from gateway.console.window import PoolStep
 from gateway.fleet.pools import Pool, PoolRegistry, Replica, replica_load
 from gateway.plan.auto.service import AutoTier, pool_load
@@ -327,6 +330,8 @@ def _sessions(src: ConsoleSources, now: float, wall: float) -> dict[str, Any]:
                            for s in top_sessions(active, n, "usd_per_hour")],
         "largest": [s.to_dict(now, wall, table.half_life_s)
                     for s in top_sessions(active, n, "last_tokens") if s.last_tokens],
+        "trees": session_trees(active, n, now, wall, table.half_life_s),
+        "ended": recently_ended(active, n, now, wall, table.half_life_s),
         "kv": {k: rec.kv.get(k, 0) for k in ("refused", "tier_dropped", "move", "wait")},
     }
 

@@ -108,6 +108,11 @@ class ReplicaRouter(Protocol):
         """Wait for the router's pending state-store writes."""
         ...
 
+    async def forget(self, session: str, shared: bool = True) -> None:
+        """Release an ended session's routing state (its routing key); the shared (Redis)
+        state too when ``shared``."""
+        ...
+
 
 @dataclass(slots=True, eq=False)
 class Pool:

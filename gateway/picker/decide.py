@@ -111,7 +111,7 @@ class Picker:
         protocol = self.protocol_of(request.path)
         rec = RequestRecord(request_id=request.request_id, path=request.path,
                             operation=protocol.operation)
-        rec.session_id, rec.session_src = request.session_id, request.session_src
+        request.name(rec)  # its session (a subagent's under its parent), its end
         return rec, self.runtime.gate.check_key(request, rec)
 
     def protocol_of(self, path: str) -> Protocol:

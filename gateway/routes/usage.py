@@ -1,10 +1,15 @@
 """``GET /v1/usage``: the totals of one session (``session_id``, with its budget) or of one API
-key (``key_id``): requests, tokens by type, cost (USD), TTFT and e2e sums (seconds). A caller
-reads its own key; other keys and sessions need an admin key (audited).
+key (``key_id``): requests, tokens by type, cost (USD), TTFT and e2e sums (seconds).
 
 A session is scoped by its API key, as budgets are: ``session_id`` with ``key_id`` is that
-key's session; without ``key_id`` it is the caller's own key's session (an admin's too: an
-admin names the key to read another key's session; with auth off, the one keyless scope)."""
+key's session; without ``key_id`` it is the caller's own key's session (with auth off, the one
+keyless scope). A session's answer is its tree (``gateway.telemetry.usage_tree``): the top-level
+totals rolled up over its subagents' sessions, ``own`` its own, ``children`` each subagent's
+(the same shape), ``ended`` how it ended (``explicit``, ``idle``; None while it goes on).
+
+Any key reads its own key's totals and its own sessions; another key's session is a 404 like
+an unknown one (a plain key never learns which ids another key uses), another key's totals a
+403 ``admin_required``. An admin key reads any (audited)."""
 
 from __future__ import annotations
 
@@ -22,28 +27,39 @@ from gateway.errors import GatewayError
 from gateway.routes.errors import error_response, json_response
 from gateway.state import GatewayState
 from gateway.telemetry.usage_store import UsageStoreUnavailable
+from gateway.telemetry.usage_tree import session_tree
+
+
+def session_not_found(session_id: str) -> GatewayError:
+    """404 ``session_not_found`` (OpenAI's error shape): no such session of this key."""
+    return GatewayError(f"No session {session_id[:200]!r} of this API key.", status=404,
+                        type="invalid_request_error", code="session_not_found",
+                        param="session_id")
 
 
 def add_usage_route(app: FastAPI, state: GatewayState, gate: Gate) -> None:
     """Add ``GET /v1/usage`` (400 without ``session_id`` or ``key_id``, 403 ``admin_required``
-    for another key's or a session's totals without an admin key, 503 ``state_unavailable``
-    with ``retry-after: 5`` while the usage store is down)."""
+    for another key's totals without an admin key, 404 ``session_not_found`` for a session
+    the key (``key_id``, else the caller's) never sent, or another key's session asked by a
+    plain key, 503 ``state_unavailable`` with ``retry-after: 5`` while the usage store is
+    down)."""
 
     @app.get("/v1/usage")
     async def usage_totals(
         request: Request, session_id: str | None = None, key_id: str | None = None
     ) -> Response:
-        """Totals of one session (``x-session-id``) or one API key id."""
+        """Totals of one session (its tree) or one API key id."""
         caller = None
         try:
             caller = gate.authenticate(request.scope)
-            if caller is not None and not caller.config.admin and (
-                key_id != caller.id or session_id is not None
-            ):
+            plain = caller is not None and not caller.config.admin
+            if plain and session_id is None and key_id != caller.id:
                 raise PermissionDenied(
-                    "Reading usage of other keys or of sessions needs an admin API key.",
+                    "Reading usage of other keys needs an admin API key.",
                     code="admin_required",
                 )
+            if plain and session_id is not None and key_id not in (None, caller.id):
+                raise session_not_found(session_id)  # another key's: as if unknown
         except GatewayError as e:
             if isinstance(e, PermissionDenied):
                 gate.audit.event("permission_denied", code=e.code, key_id=caller and caller.id,
@@ -62,17 +78,19 @@ def add_usage_route(app: FastAPI, state: GatewayState, gate: Gate) -> None:
         # a session belongs to key_id, else to the caller's key (None with auth off)
         owner = key_id if key_id is not None else (caller.id if caller is not None else None)
         try:
-            totals = await (store.get_session(owner, session_id) if session_id is not None
-                            else store.get_key(key_id or ""))
+            if session_id is None:
+                totals = await store.get_key(key_id or "")
+                return json_response(200, {"object": "usage", "key_id": key_id,
+                                           **totals.to_dict()})
+            tree = await session_tree(store, owner, session_id)
         except UsageStoreUnavailable:
             return error_response(GatewayError("usage store unavailable", status=503,
                                                code="state_unavailable", retry_after_s=5))
-        scope: dict[str, Any] = (
-            {"session_id": session_id} if session_id is not None else {"key_id": key_id}
-        )
-        if session_id is not None:  # its budget under the same owner as its totals
-            try:
-                scope["budget"] = await state.admission.budgets.read(owner, session_id)
-            except Exception:  # the budget store is down: the totals still answer
-                scope["budget"] = None
-        return json_response(200, {"object": "usage", **scope, **totals.to_dict()})
+        if tree is None:
+            return error_response(session_not_found(session_id))
+        doc: dict[str, Any] = {"object": "usage", **tree}
+        try:  # its budget under the same owner as its totals
+            doc["budget"] = await state.admission.budgets.read(owner, session_id)
+        except Exception:  # the budget store is down: the totals still answer
+            doc["budget"] = None
+        return json_response(200, doc)

@@ -245,6 +245,23 @@ class PoolRouter:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
+    async def forget(self, session: str, shared: bool = True) -> None:
+        """``session`` (its routing key, ``RouteRequest.session_key``) ended: its binding and
+        its place in the active-session ledgers are released, this process's always, the
+        shared ones (Redis) when ``shared`` (an explicit end; an idle one, seen by this
+        process only, leaves them to their TTLs); its prefix blocks stay (shared with
+        conversations that start the same)."""
+        self.ledger.forget(session)
+        if not shared:
+            forget_local = getattr(self.store, "forget_nowait", None)
+            if forget_local is not None:  # an in-process store: this process's own
+                forget_local(self.pool.key, session)
+            return
+        await self.drain()  # a binding still being written to Redis would come back
+        if self.shared_ledger is not None:
+            await self.shared_ledger.forget(session, [r.name for r in self.pool.replicas])
+        await self.store.forget(self.pool.key, session)
+
     async def drain(self) -> None:
         """Wait for the bindings being written (tests, shutdown)."""
         while self._pending:

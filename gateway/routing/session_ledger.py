@@ -87,6 +87,14 @@ class SessionLedger:
         self._counts[replica] += 1
         self._expire(now)
 
+    def forget(self, session: str) -> bool:
+        """Drop ``session`` (it ended): no longer counted on its replica. True when it was
+        active."""
+        if session not in self._d:
+            return False
+        self._drop(session)
+        return True
+
     def replica_of(self, session: str, now: float | None = None) -> str | None:
         """The replica ``session`` is active on, or None (unknown or idle too long)."""
         self._expire(self._clock() if now is None else now)

@@ -59,6 +59,13 @@ return out
 """
 
 
+# KEYS: the sets of every replica of the pool. ARGV: 1 session key.
+FORGET_LUA = """
+for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
+return 1
+"""
+
+
 class RedisSessionLedger:
     """The active-session counts of one pool, in Redis (see the module docstring); ``local``
     is this process's ledger, kept in step and used while Redis cannot answer."""
@@ -81,6 +88,7 @@ class RedisSessionLedger:
         self.idle_ms = max(1, round(local.idle_s * 1000))
         self._touch = client.register_script(TOUCH_LUA)
         self._counts = client.register_script(COUNTS_LUA)
+        self._forget = client.register_script(FORGET_LUA)
         self._pending: set[asyncio.Task[None]] = set()
 
     def key(self, replica: str) -> str:
@@ -109,6 +117,15 @@ class RedisSessionLedger:
         task = asyncio.get_running_loop().create_task(coro)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    async def forget(self, session: str, pool_replicas: Sequence[str]) -> None:
+        """``session`` ended: out of the local ledger and out of every replica's set in
+        Redis (``ZREM``; nothing when Redis cannot answer: it then ages out of the sets after
+        ``session_idle_s``)."""
+        self.local.forget(session)
+        keys = [self.key(r) for r in pool_replicas]
+        if keys:
+            await self._call(self._forget, keys, [session])
 
     async def counts(self, now: float, without: str, replicas: Sequence[str]) -> dict[str, int]:
         """Active sessions on each of ``replicas`` across every gateway, not counting session

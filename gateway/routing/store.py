@@ -61,6 +61,10 @@ class RoutingStore(Protocol):
         """``record`` done at once when it needs no I/O (an in-process store): True; False
         when the caller must await ``record`` (in a task of its own: a shared store)."""
 
+    async def forget(self, pool: str, session: str) -> None:
+        """Drop ``session``'s binding in ``pool`` (the session ended); its prefix blocks stay,
+        shared with any conversation that starts the same way."""
+
     async def ping(self) -> bool:
         """One cheap call, so an idle gateway notices that Redis came back."""
 
@@ -127,6 +131,15 @@ class MemoryRoutingStore:
         for i in reversed(indices):  # shallow first: the deepest ends most recently used
             table.put(blocks[i], replica)
         return True
+
+    async def forget(self, pool: str, session: str) -> None:
+        self.forget_nowait(pool, session)
+
+    def forget_nowait(self, pool: str, session: str) -> None:
+        """``forget`` without I/O (this store's tables are in-process)."""
+        table = self._sessions.get(pool)
+        if table is not None:
+            table.delete(session)
 
     async def ping(self) -> bool:
         return True
@@ -236,6 +249,9 @@ class RedisRoutingStore:
         self, pool: str, session: str, blocks: list[bytes], indices: list[int], replica: str
     ) -> bool:
         return False  # a network round trip: the caller awaits ``record`` in a task
+
+    async def forget(self, pool: str, session: str) -> None:
+        await self._call(lambda: self.client.delete(self.session_key(pool, session)))
 
     async def ping(self) -> bool:
         return bool(await self._call(self.client.ping))

@@ -62,6 +62,13 @@ class AffinityTable:
         self._d.move_to_end(key)
         return hit[0]
 
+    def delete(self, key: Hashable) -> bool:
+        """Forget ``key`` (a session that ended); True when it was there."""
+        if self._d.pop(key, None) is None:
+            return False
+        self.bytes -= entry_bytes(key)
+        return True
+
     def put(self, key: Hashable, name: str) -> None:
         """Bind ``key`` to replica ``name`` for ``ttl_s``; evicts least recently used entries
         while over ``max_entries`` or ``max_bytes``."""

@@ -41,6 +41,12 @@ def quote_value(value: object) -> str:
     return json.dumps(text)
 
 
+def asked_stream(rec: RequestRecord) -> bool:
+    """Whether the request streams: as planned, else (refused before it was planned) as the
+    client's body asked."""
+    return rec.stream or bool(rec.model is None and rec.client_stream)
+
+
 def log_request(rec: RequestRecord) -> None:
     """Emit the access log line for ``rec`` (logger ``speedgate.access``, level INFO)."""
     if not access_log.isEnabledFor(logging.INFO):
@@ -56,12 +62,12 @@ def log_request(rec: RequestRecord) -> None:
         quote_value(rec.session_id),
         quote_value(rec.session_src),
         quote_value(rec.path),
-        quote_value(rec.model),
-        quote_value(rec.asked_tier),
+        quote_value(rec.model or rec.client_model),
+        quote_value(rec.asked_tier or rec.client_tier),
         quote_value(rec.served_tier or rec.tried_tier),
         quote_value(rec.fallback),
         quote_value(rec.replica),
-        rec.stream,
+        asked_stream(rec),
         rec.attempts,
         len(rec.resumes),
         rec.status,
@@ -93,15 +99,15 @@ def access_fields(rec: RequestRecord) -> dict[str, Any]:
         "session_id": rec.session_id,
         "session_src": rec.session_src,
         "path": rec.path,
-        "model": rec.model,
-        "tier_asked": rec.asked_tier,
+        "model": rec.model or rec.client_model,
+        "tier_asked": rec.asked_tier or rec.client_tier,
         "tier": rec.served_tier or rec.tried_tier,
         "auto_reason": rec.auto_reason,
         "fallback": rec.fallback,
         "kv_placement": rec.kv_placement,
         "kv_figures": rec.kv_figures,
         "replica": rec.replica,
-        "stream": rec.stream,
+        "stream": asked_stream(rec),
         "attempts": rec.attempts,
         "retries": rec.retries,
         "resumes": rec.resumes,

@@ -10,6 +10,9 @@ from typing import Any
 from gateway.common.usage import Usage
 from gateway.telemetry.histograms import GapTimer
 
+#: Characters of a client's model name or tier kept for the access log.
+MAX_ASKED_CHARS = 200
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -39,6 +42,15 @@ class RequestRecord:
     key_id: str | None = None
     session_id: str | None = None
     session_src: str | None = None  # where session_id came from (gateway.admit.session)
+    # a subagent's session: its parent's and, when another, its tree's root session
+    parent_session_id: str | None = None
+    root_session_id: str | None = None
+    session_end: bool = False  # ``x-speedgate-session-end``: the session ends with this request
+    # what the client asked, as sent (bounded), kept for the access log of a request refused
+    # before it was planned; ``model``/``asked_tier``/``stream`` are the resolved ones
+    client_model: str | None = None
+    client_tier: str | None = None
+    client_stream: bool | None = None
     queue_s: float | None = None  # arrival → first upstream attempt sent
     usage_estimated: bool = False  # usage counted by the gateway (tiktoken), not the engine
     cost_usd: float | None = None
@@ -62,3 +74,11 @@ class RequestRecord:
     def set_usage(self, usage: Any) -> None:
         """Record an OpenAI ``usage`` object (ignored when absent or malformed)."""
         self.usage = Usage.from_openai(usage)
+
+    def note_asked(self, doc: dict[str, Any]) -> None:
+        """Keep the ``model`` (a string, at most ``MAX_ASKED_CHARS`` characters) and
+        ``stream`` the client's body asked for (``client_model``, ``client_stream``)."""
+        model = doc.get("model")
+        if isinstance(model, str):
+            self.client_model = model[:MAX_ASKED_CHARS]
+        self.client_stream = doc.get("stream") is True

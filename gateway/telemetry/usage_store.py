@@ -94,6 +94,9 @@ class UsageTotals:
     e2e_s_sum: float = 0.0
     first_seen: float = 0.0
     last_seen: float = 0.0
+    #: how the session ended: ``explicit`` (``x-speedgate-session-end``) or ``idle``; "" while
+    #: it has not (or for a key)
+    ended: str = ""
 
     def add(self, d: UsageDelta, now: float) -> None:
         """Add one request's delta at ``now`` (Unix seconds)."""
@@ -111,9 +114,24 @@ class UsageTotals:
         self.first_seen = self.first_seen or now
         self.last_seen = now
 
+    def merged(self, other: UsageTotals) -> UsageTotals:
+        """The sum of two totals (a session and its subagents): counts, tokens, cost and time
+        sums added, ``first_seen`` the earlier (0 counts as none), ``last_seen`` the later;
+        ``ended`` is this one's."""
+        out = UsageTotals(ended=self.ended)
+        for f in fields(UsageTotals):
+            if f.name not in ("first_seen", "last_seen", "ended"):
+                setattr(out, f.name, getattr(self, f.name) + getattr(other, f.name))
+        firsts = [t for t in (self.first_seen, other.first_seen) if t]
+        out.first_seen = min(firsts) if firsts else 0.0
+        out.last_seen = max(self.last_seen, other.last_seen)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready totals plus the means (``ttft_s_mean``, ``e2e_s_mean``; None if none)."""
+        """JSON-ready totals plus the means (``ttft_s_mean``, ``e2e_s_mean``; None if none);
+        ``ended`` None while the session has not ended."""
         out = asdict(self)
+        out["ended"] = self.ended or None
         out["ttft_s_mean"] = self.ttft_s_sum / self.ttft_count if self.ttft_count else None
         out["e2e_s_mean"] = self.e2e_s_sum / self.requests if self.requests else None
         return out
@@ -128,6 +146,9 @@ class UsageTotals:
             if v is None:
                 continue
             v = v.decode() if isinstance(v, bytes) else v
+            if f.name == "ended":
+                t.ended = v
+                continue
             setattr(t, f.name, int(v) if f.name in _INT_FIELDS else float(v))
         return t
 
@@ -135,8 +156,17 @@ class UsageTotals:
 class UsageStore(Protocol):
     """Per-key and per-session usage totals."""
 
-    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta) -> None:
-        """Add ``delta`` to the key's and the session's totals (either may be None)."""
+    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta,
+                  parent: str | None = None) -> None:
+        """Add ``delta`` to the key's and the session's totals (either may be None); a
+        subagent's session names its ``parent`` session (of the same key): the link is kept
+        for ``children``."""
+
+    async def children(self, key_id: str | None, session_id: str) -> list[str]:
+        """The sessions that named ``session_id`` their parent (at most ``MAX_CHILDREN``)."""
+
+    async def end(self, key_id: str | None, session_id: str, how: str) -> None:
+        """Mark the session ended ``how`` (``explicit`` or ``idle``); its totals stay."""
 
     async def get_key(self, key_id: str) -> UsageTotals:
         """Totals of ``key_id`` (zeros when unknown)."""
@@ -149,6 +179,8 @@ class UsageStore(Protocol):
 
 
 _id = bounded_id
+#: Children (subagent sessions) kept and listed per session.
+MAX_CHILDREN = 1000
 
 
 def session_scope(key_id: str | None, session_id: str) -> str:
@@ -164,8 +196,12 @@ class MemoryUsageStore:
         self.max_sessions = max_sessions
         self._keys: dict[str, UsageTotals] = {}
         self._sessions: OrderedDict[str, UsageTotals] = OrderedDict()
+        # scoped parent → child ids in order; an LRU bounded like the sessions (a parent may
+        # be named without ever sending a request of its own)
+        self._children: OrderedDict[str, dict[str, None]] = OrderedDict()
 
-    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta) -> None:
+    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta,
+                  parent: str | None = None) -> None:
         now = time.time()
         if key_id is not None:
             self._keys.setdefault(_id(key_id), UsageTotals()).add(delta, now)
@@ -175,10 +211,31 @@ class MemoryUsageStore:
             if totals is None:
                 totals = self._sessions[sid] = UsageTotals()
                 if len(self._sessions) > self.max_sessions:
-                    self._sessions.popitem(last=False)
+                    old, _ = self._sessions.popitem(last=False)
+                    self._children.pop(old, None)
             else:
                 self._sessions.move_to_end(sid)
             totals.add(delta, now)
+            totals.ended = ""  # a turn after its end: the session goes on
+            if parent is not None:
+                pid = session_scope(key_id, parent)
+                kids = self._children.get(pid)
+                if kids is None:
+                    kids = self._children[pid] = {}
+                    if len(self._children) > self.max_sessions:
+                        self._children.popitem(last=False)
+                else:
+                    self._children.move_to_end(pid)
+                if len(kids) < MAX_CHILDREN:
+                    kids[_id(session_id)] = None
+
+    async def children(self, key_id: str | None, session_id: str) -> list[str]:
+        return list(self._children.get(session_scope(key_id, session_id), ()))
+
+    async def end(self, key_id: str | None, session_id: str, how: str) -> None:
+        totals = self._sessions.get(session_scope(key_id, session_id))
+        if totals is not None:
+            totals.ended = how
 
     async def get_key(self, key_id: str) -> UsageTotals:
         return self._keys.get(_id(key_id)) or UsageTotals()
@@ -233,6 +290,10 @@ class RedisUsageStore:
         """The Redis key of the totals of ``session_id`` of API key ``key_id``."""
         return f"{self.prefix}session:{session_scope(key_id, session_id)}"
 
+    def children_key(self, key_id: str | None, session_id: str) -> str:
+        """The Redis set of the sessions that named ``session_id`` their parent."""
+        return f"{self.prefix}children:{session_scope(key_id, session_id)}"
+
     def _queue(self, pipe: Any, name: str, d: UsageDelta, now: float) -> None:
         pipe.hincrby(name, "requests", 1)
         if d.error:
@@ -251,7 +312,8 @@ class RedisUsageStore:
         pipe.hsetnx(name, "first_seen", now)
         pipe.hset(name, "last_seen", now)
 
-    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta) -> None:
+    async def add(self, key_id: str | None, session_id: str | None, delta: UsageDelta,
+                  parent: str | None = None) -> None:
         if key_id is None and session_id is None:
             return
         if not self.breaker.allow():
@@ -265,6 +327,12 @@ class RedisUsageStore:
                 if session_id is not None:
                     name = self.session_hash(key_id, session_id)
                     self._queue(pipe, name, delta, now)
+                    pipe.hdel(name, "ended")
+                    if parent is not None:
+                        pipe.hset(name, "parent", _id(parent))
+                        kids = self.children_key(key_id, parent)
+                        pipe.sadd(kids, _id(session_id))
+                        pipe.expire(kids, self.session_ttl_s)
                     pipe.expire(name, self.session_ttl_s)
                 await pipe.execute()
         except Exception as e:  # redis errors, timeouts, OSError: never fail the request
@@ -287,6 +355,30 @@ class RedisUsageStore:
     async def get_key(self, key_id: str) -> UsageTotals:
         return await self._get(self.key_hash(key_id))
 
+    async def children(self, key_id: str | None, session_id: str) -> list[str]:
+        if not self.breaker.allow():
+            raise UsageStoreUnavailable("Redis unavailable (circuit open)")
+        try:
+            got = await self.client.srandmember(self.children_key(key_id, session_id),
+                                                MAX_CHILDREN)
+        except Exception as e:
+            self.breaker.failure(e)
+            raise UsageStoreUnavailable(f"Redis read failed: {e!r}") from None
+        self.breaker.success()
+        return sorted(m.decode() if isinstance(m, bytes) else m for m in got or ())
+
+    async def end(self, key_id: str | None, session_id: str, how: str) -> None:
+        name = self.session_hash(key_id, session_id)
+        if not self.breaker.allow():
+            return
+        try:
+            if await self.client.exists(name):
+                await self.client.hset(name, "ended", how)
+        except Exception as e:  # accounting never fails a request
+            self.breaker.failure(e)
+            return
+        self.breaker.success()
+
     async def get_session(self, key_id: str | None, session_id: str) -> UsageTotals:
         return await self._get(self.session_hash(key_id, session_id))
 
@@ -296,6 +388,7 @@ class RedisUsageStore:
 
 
 __all__ = [
+    "MAX_CHILDREN",
     "MemoryUsageStore",
     "RedisUsageStore",
     "UsageDelta",

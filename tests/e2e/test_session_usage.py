@@ -33,9 +33,13 @@ def keyed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         s.stop()
 
 
+def _get(stack: Stack, **params: str) -> httpx.Response:
+    return httpx.get(stack.base_url + "/v1/usage", timeout=10, params=params,
+                     headers={"authorization": f"Bearer {KEYS['admin'][0]}"})
+
+
 def _usage(stack: Stack, **params: str) -> dict:
-    u = httpx.get(stack.base_url + "/v1/usage", timeout=10, params=params,
-                  headers={"authorization": f"Bearer {KEYS['admin'][0]}"})
+    u = _get(stack, **params)
     assert u.status_code == 200, u.text
     return u.json()
 
@@ -44,7 +48,7 @@ def test_session_usage_totals_are_scoped_by_api_key(keyed_stack: Stack) -> None:
     """Keys a and b send the same session id (an agent's own id): `/v1/usage?session_id=S&
     key_id=a` counts only key a's request, key b's session its two (sessions.md: "The first of
     these a request carries is its session (within its API key)"); an admin without `key_id`
-    reads its own key's session of that id (none here)."""
+    reads its own key's session of that id: none here, a 404."""
     for name in ("a", "b", "b"):
         r = httpx.post(keyed_stack.base_url + "/v1/chat/completions", timeout=30,
                        headers={"authorization": f"Bearer {KEYS[name][0]}",
@@ -54,4 +58,5 @@ def test_session_usage_totals_are_scoped_by_api_key(keyed_stack: Stack) -> None:
         assert r.status_code == 200
     assert _usage(keyed_stack, session_id="shared-session", key_id="a")["requests"] == 1
     assert _usage(keyed_stack, session_id="shared-session", key_id="b")["requests"] == 2
-    assert _usage(keyed_stack, session_id="shared-session")["requests"] == 0
+    r = _get(keyed_stack, session_id="shared-session")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found"

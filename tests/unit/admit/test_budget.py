@@ -198,3 +198,41 @@ async def test_a_reused_request_id_does_not_share_a_redis_budget_hold():
         assert await _admitted_with_one_request_id(b, 20) == 4
         state = await b.ledger.read("k/sess")
         assert state is not None and state.reserved_usd == pytest.approx(1.2)
+
+
+async def _subagent_spend(b: SessionBudgets) -> None:
+    """A budget of $1: the parent spends $0.5, its subagent $0.4; the parent's ledger carries
+    both, so the subagent's next $0.2 request is refused by the parent's ledger although the
+    subagent's own has room, and the parent itself has $0.1 left."""
+    key = ApiKeyConfig(id="k", hash=HASH, session_budget_usd=1)
+    h = await b.reserve(key, "main", None, "m", 0.5, "r1")
+    await b.settle(h, 0.5)
+    h = await b.reserve(key, "main/agent/a1", None, "m", 0.4, "r2", ancestors=["main"])
+    assert h is not None and h.also == ("k/main",)
+    assert h.remaining_usd == pytest.approx(0.5)  # the least remaining: the parent's
+    await b.settle(h, 0.4)
+    assert (await b.read("k", "main"))["spent_usd"] == pytest.approx(0.9)
+    assert (await b.read("k", "main/agent/a1"))["spent_usd"] == pytest.approx(0.4)
+    h = await b.reserve(key, "main/agent/a1", None, "m", 0.05, "r3", ancestors=["main"])
+    await b.settle(h, 0.15)  # it cost more than its estimate: the parent is at $1.05
+    with pytest.raises(BudgetExceeded):
+        await b.reserve(key, "main/agent/a1", None, "m", 0.01, "r4", ancestors=["main"])
+    # the refusal by the parent's ledger left no hold on the subagent's own
+    assert (await b.read("k", "main/agent/a1"))["reserved_usd"] == 0.0
+    late = await b.reserve(key, "solo", None, "m", 0.1, "r5")
+    await b.release("k", "main")  # the session ended: its ledger is gone
+    await b.release("k", "solo")
+    assert await b.read("k", "main") is None
+    await b.settle(late, 0.1)  # a request settling after its session ended: nothing back
+    assert await b.read("k", "solo") is None
+
+
+async def test_a_subagents_spend_is_charged_to_its_parent():
+    await _subagent_spend(SessionBudgets(load_config(models=MODELS)))
+
+
+async def test_a_subagents_spend_is_charged_to_its_parent_in_redis():
+    async with redis_ledgers() as make:
+        ledger = make()
+        await _subagent_spend(SessionBudgets(load_config(models=MODELS), ledger))
+        assert not await ledger.client.exists(*ledger.keys("k/main"))

@@ -6,9 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admit.session import body_session, derived_session, header_session
+from gateway.admit.request import ClientRequest
+from gateway.admit.session import (
+    NamedSession,
+    body_session,
+    derived_session,
+    first_values,
+    header_session,
+    headers_session,
+    named_session,
+    session_ends,
+)
 from gateway.common.ids import MAX_ID_CHARS
 from gateway.routing.keys import affinity_id, session_key
+from gateway.telemetry.record import RequestRecord
 
 
 def scope(**headers: str) -> dict:
@@ -71,3 +82,81 @@ def test_the_conversation_hash_is_the_session_scoped_to_the_key() -> None:
 def test_affinity_of_each_source(session: str | None, source: str | None, hint: str | None,
                                  want: str | None) -> None:
     assert affinity_id(session, source, hint) == want
+
+
+# -- subagents: their own sessions under their parent (headers as each client sends them) ----
+
+def hdrs(**headers: str) -> dict[bytes, str]:
+    """Real header names (``-`` spelled as given, values as is) as the edges read them
+    (``first_values``)."""
+    return first_values([(k.lower().encode(), v.encode()) for k, v in headers.items()])
+
+
+CC = "X-Claude-Code-Session-Id"
+
+
+@pytest.mark.parametrize(("headers", "want"), [
+    # Claude Code's main agent: its CLI session, no agent headers
+    ({CC: "s1"}, NamedSession("s1", "claude-code")),
+    # a subagent the main agent started: agent id only, the CLI session unchanged
+    ({CC: "s1", "x-claude-code-agent-id": "a1"},
+     NamedSession("s1/agent/a1", "claude-code-agent", "s1")),
+    # a subagent's subagent: its parent is the other subagent, the CLI session its root
+    ({CC: "s1", "x-claude-code-agent-id": "a2", "x-claude-code-parent-agent-id": "a1"},
+     NamedSession("s1/agent/a2", "claude-code-agent", "s1/agent/a1", "s1")),
+    # Codex's root thread: session-id (= its thread-id), no parent
+    ({"session-id": "t0", "thread-id": "t0"}, NamedSession("t0", "codex")),
+    # a spawned Codex subagent: its thread under the parent thread (header)
+    ({"session-id": "t0", "thread-id": "t1", "x-codex-parent-thread-id": "t0",
+      "x-openai-subagent": "collab_spawn"}, NamedSession("t1", "codex-thread", "t0")),
+    # ... or named only in the turn metadata; a grandchild keeps the root
+    ({"session-id": "t0", "thread-id": "t2",
+      "x-codex-turn-metadata": '{"parent_thread_id": "t1", "thread_source": "subagent"}'},
+     NamedSession("t2", "codex-thread", "t1", "t0")),
+    # metadata that is not JSON, or names no parent: the Codex session as before
+    ({"session-id": "t0", "thread-id": "t1", "x-codex-turn-metadata": "{not json"},
+     NamedSession("t0", "codex")),
+    ({"session-id": "t0", "thread-id": "t1", "x-codex-turn-metadata": '{"turn_id": "u"}'},
+     NamedSession("t0", "codex")),
+    # a user's x-session-id over Codex: the root thread maps to it
+    ({"x-session-id": "mine", "session-id": "t0", "thread-id": "t1",
+      "x-codex-parent-thread-id": "t0"}, NamedSession("t1", "codex-thread", "mine")),
+    # OpenCode to a custom provider: X-Session-Id, and x-parent-session-id from a child
+    ({"X-Session-Id": "ses_b", "x-session-affinity": "ses_b", "x-parent-session-id": "ses_a"},
+     NamedSession("ses_b", "header", "ses_a")),
+    ({"X-Session-Id": "ses_a", "x-session-affinity": "ses_a"}, NamedSession("ses_a", "header")),
+    # a parent naming the session itself is no parent; no session named: no parent either
+    ({"X-Session-Id": "ses_a", "x-parent-session-id": "ses_a"}, NamedSession("ses_a", "header")),
+    ({"x-parent-session-id": "ses_a", "x-claude-code-agent-id": "a1"}, NamedSession()),
+])
+def test_subagent_precedence(headers: dict, want: NamedSession) -> None:
+    assert named_session(hdrs(**headers)) == want
+
+
+def test_subagent_ids_are_bounded_and_ancestors_listed() -> None:
+    got = named_session(hdrs(**{CC: "s" * 300, "x-claude-code-agent-id": "a1"}))
+    assert got.session_id is not None and len(got.session_id) <= MAX_ID_CHARS
+    assert got.parent == headers_session(hdrs(**{CC: "s" * 300}))[0]
+    deep = named_session(hdrs(**{CC: "s1", "x-claude-code-agent-id": "a2",
+                                 "x-claude-code-parent-agent-id": "a1"}))
+    assert deep.ancestors == ("s1/agent/a1", "s1")
+
+
+@pytest.mark.parametrize(("value", "ends"), [
+    ("true", True), ("TRUE", True), ("1", True), ("yes", True), (" true ", True),
+    ("false", False), ("0", False), ("", False), (None, False),
+])
+def test_session_end_header(value: str | None, ends: bool) -> None:
+    headers = {"x-session-id": "s"} | ({"x-speedgate-session-end": value} if value is not None
+                                       else {})
+    assert session_ends(hdrs(**headers)) is ends
+
+
+def test_name_request_fills_the_record() -> None:
+    rec = RequestRecord("r1", "/v1/messages")
+    ClientRequest.from_headers("/v1/messages", [(k.lower().encode(), v.encode()) for k, v in {
+        CC: "s1", "x-claude-code-agent-id": "a1", "x-speedgate-session-end": "true",
+        "x-speedgate-tier": "fast"}.items()]).name(rec)
+    assert (rec.session_id, rec.session_src, rec.parent_session_id, rec.root_session_id) == (
+        "s1/agent/a1", "claude-code-agent", "s1", None)
+    assert rec.session_end and rec.client_tier == "fast"

@@ -78,3 +78,32 @@ def test_long_session_ids_are_cut() -> None:
     s = t.observe(None, long, 0.0, tier=None, ok=True)
     assert len(s.session_id) == MAX_ID_CHARS and s.session_id.endswith("…")
     assert math.isclose(s.requests_per_min(0.0), math.log(2) / 60 * 60)
+
+
+def test_trees_roll_up_subagents_and_ended_rows_say_how() -> None:
+    from gateway.console.sessions import recently_ended, session_trees
+
+    t = SessionTable(10)
+    t.observe("k", "main", 0.0, tier="fast", ok=True, prompt=100, completion=10, cost_usd=0.01)
+    t.observe("k", "main/agent/a", 1.0, tier="fast", ok=True, prompt=50, completion=5,
+              cost_usd=0.004, parent="main")
+    t.observe("k", "main/agent/b", 2.0, tier="fast", ok=True, prompt=20, completion=2,
+              cost_usd=0.001, parent="main/agent/a")
+    t.observe("k", "solo", 3.0, tier="fast", ok=True, cost_usd=1.0)
+    t.observe("other", "main/agent/x", 3.0, tier="fast", ok=True, parent="main")  # other key
+    trees = session_trees(t.active(3.0, 60), 5, 3.0, 1000.0)
+    assert [x["session_id"] for x in trees] == ["main"]  # "solo" has no subagent
+    main = trees[0]
+    assert main["turns"] == 1 and main["total"] == {
+        "turns": 3, "prompt_tokens": 170, "completion_tokens": 17, "cost_usd": 0.015}
+    (a,) = main["children"]
+    assert a["parent_session_id"] == "main" and a["total"]["turns"] == 2
+    assert [c["session_id"] for c in a["children"]] == ["main/agent/b"]
+    t.end("k", "main/agent/a", "explicit")
+    t.end("k", "solo", "idle")
+    t.end("k", "never-seen", "idle")  # not in the table: nothing
+    assert [(r["session_id"], r["ended"]) for r in recently_ended(t.active(3.0, 60), 5, 3.0,
+                                                                  1000.0)] == [
+        ("solo", "idle"), ("main/agent/a", "explicit")]
+    t.observe("k", "solo", 4.0, tier="fast", ok=True)  # a turn after its end: it goes on
+    assert recently_ended(t.active(4.0, 60), 5, 4.0, 1000.0)[0]["session_id"] == "main/agent/a"
