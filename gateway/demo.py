@@ -134,6 +134,9 @@ def run_demo(
     or a capacity preset) size each simulated replica (the simulator only); a pool that does
     not hold one ``max_model_len`` sequence is exit status 2 with a line saying so."""
     if engine == "vllm":
+        if (max_model_len, kv_size) != (DEMO_MAX_MODEL_LEN, DEFAULT_KV_SIZE):
+            print("speedgate demo: --max-model-len and --kv-size size the simulator; the vLLM "
+                  "replicas keep their own (engines.vllm.launcher)", file=sys.stderr)
         return _run_vllm_demo(port, host, replicas_per_tier, port_file)
     try:
         kv = replica_kv_size(kv_size, max_model_len)
