@@ -58,7 +58,7 @@ test: $(STAMP)  ## lint, the docs site (strict: dead links fail), the whole test
 	bash tests/ensure-redis.sh
 	$(BIN)/pytest -q
 
-test-agents: $(STAMP)  ## Claude Code and Codex on scripted tasks through a gateway (npm installs cached)
+test-agents: $(STAMP)  ## Claude Code, Codex and OpenCode on scripted tasks through the demo (npm installs cached)
 	$(BIN)/python -m tests.agents.install
 	$(BIN)/pytest -q tests/agents
 

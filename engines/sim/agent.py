@@ -16,7 +16,10 @@ Pure; the chat-form request body (``engines.sim.apis``' ``to_chat``) is the inpu
 - a script (the fault field ``script``, per request or per replica) fixes the answer of each
   turn: turn *k* is the conversation's *k*-th model turn (0 = the first answer; consecutive
   assistant messages are one turn), only for requests that carry tools (an agent's side
-  requests, e.g. a title, keep the generated text); turns past the script's end answer text.
+  requests, e.g. a title, keep the generated text); turns past the script's end answer text,
+  and so does a request with a user message that contains one of the fault's
+  ``script_text_when`` phrases (a coding agent's compaction: the request asking for a summary,
+  and the conversation continued from it, are answered as a model would, in words).
 """
 
 from __future__ import annotations
@@ -171,11 +174,29 @@ def structured_output(body: dict[str, Any], policy: TurnPolicy, key: int) -> str
     return json.dumps(value, ensure_ascii=False)
 
 
-def script_turn(script: list[ScriptTurn] | None, body: dict[str, Any]) -> ScriptTurn | None:
+def user_texts(body: dict[str, Any]) -> list[str]:
+    """The text of every ``user`` message of a chat-form body (string content, and the
+    ``text`` of its content parts)."""
+    out = []
+    for m in _messages(body):
+        if m.get("role") != "user":
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out += [str(p.get("text")) for p in content if isinstance(p, dict) and p.get("text")]
+    return out
+
+
+def script_turn(script: list[ScriptTurn] | None, body: dict[str, Any],
+                text_when: list[str] | None = None) -> ScriptTurn | None:
     """The scripted answer for this request (module docstring), or None (no script, or no
-    tools). Past the script's end: ``ScriptTurn()`` (every field None), a generated text
-    answer."""
+    tools). Past the script's end, or with a user message containing a ``text_when`` phrase:
+    ``ScriptTurn()`` (every field None), a generated text answer."""
     if not script or not body.get("tools"):
         return None
+    if text_when and any(p in t for t in user_texts(body) for p in text_when):
+        return ScriptTurn()
     k = turn_index(body)
     return script[k] if k < len(script) else ScriptTurn()

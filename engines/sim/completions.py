@@ -223,7 +223,7 @@ def _turn_faults(faults: Faults, body: dict[str, Any]) -> Faults:
     asks for reasoning) when this request answers such a turn and does not continue one."""
     if body.get("continue_final_message"):
         return faults
-    turn = script_turn(faults.script, body)
+    turn = script_turn(faults.script, body, faults.script_text_when)
     if turn is None or turn.reset_after_chunks is None:
         return faults
     after = turn.reset_after_chunks + (REASONING_TOKENS if wants_reasoning(body) else 0)

@@ -45,6 +45,10 @@ class Faults(BaseModel):
     script: list[ScriptTurn] | None = Field(
         None, description="agent turns in order: model turn k of a request with tools answers "
         "script[k] (engines/sim/agent.py); past the end, generated text")
+    script_text_when: list[str] | None = Field(
+        None, description="a request with a user message containing one of these phrases is "
+        "answered with generated text, not its scripted turn (an agent's summary request, or "
+        "a conversation continued from a summary)")
     continuation_diverges: bool = Field(
         False, description="a continuation (continue_final_message; a completions prompt "
         "continuing its text) starts with '~' before what an uninterrupted generation has "

@@ -108,7 +108,7 @@ def make_plans(
     policy = policy or TurnPolicy()
     # a continued turn is decided as the turn it continues (without its partial message)
     decide = {**body, "messages": body["messages"][:-1]} if chat and prefix is not None else body
-    turn = script_turn(faults.script, decide) if chat else None
+    turn = script_turn(faults.script, decide, faults.script_text_when) if chat else None
     think = chat and prefix is None and wants_reasoning(body)
     ignore_eos = bool(body.get("ignore_eos"))
     plans: list[Plan] = []

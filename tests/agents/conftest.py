@@ -1,5 +1,6 @@
 """Fixtures of the agent tests: the installed agents (skipped only when npm cannot reach its
-registry) and one stack per module (2 simulators per tier + gateway)."""
+registry) and one stack per module: ``speedgate demo`` itself, on its own defaults
+(``tests.agents.demo_stack``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.agents.demo_stack import DemoStack, demo_stack
 from tests.agents.install import Agents, ensure_agents
-from tests.e2e.stack import Stack
 
 
 @pytest.fixture(scope="session")
@@ -20,8 +21,8 @@ def agents() -> Agents:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("stack")).start()
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
+    s = demo_stack(tmp_path_factory.mktemp("demo"))
     try:
         yield s
     finally:

@@ -1,4 +1,7 @@
-"""Running Claude Code and Codex non-interactively against a gateway over simulated replicas.
+"""Running Claude Code, Codex and OpenCode non-interactively against a gateway over simulated
+replicas, each configured by the very file ``docs/agents/`` gives users (only the base URL
+``http://127.0.0.1:8080`` replaced by the stack's, and the model where a test asks for the fast
+alias), so the documented settings are the tested ones.
 
 Each agent gets a temp home (no user config, no login), telemetry and update checks off, and
 only the gateway as its endpoint. The simulators play a scripted task (``engines.sim.agent``:
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -25,6 +29,36 @@ from tests.e2e.stack import Stack
 
 RUN_TIMEOUT_S = 120
 FINAL_TEXT = "The count is in count.txt."
+HELLO_TEXT = "hello.py prints hi."
+HELLO_TASK = "create hello.py printing hi and run it"
+#: the files users copy (docs/agents/), and the base URL they are written for
+DOCS_AGENTS = Path(__file__).resolve().parents[2] / "docs" / "agents"
+DOCS_BASE_URL = "http://127.0.0.1:8080"
+#: test hygiene, not configuration: no telemetry, error reports or update checks
+CLAUDE_QUIET = {"DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
+OPENCODE_QUIET = {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+                  "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1",
+                  "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"}
+
+
+def docs_file(name: str, base_url: str) -> str:
+    """The text of ``docs/agents/<name>`` with its base URL replaced by ``base_url``."""
+    text = (DOCS_AGENTS / name).read_text()
+    assert DOCS_BASE_URL in text, f"docs/agents/{name} no longer names {DOCS_BASE_URL}"
+    return text.replace(DOCS_BASE_URL, base_url)
+
+
+def docs_env(name: str, base_url: str) -> dict[str, str]:
+    """The ``KEY=VALUE`` lines of an env file of ``docs/agents/`` (comments and blank lines
+    skipped), its base URL replaced by ``base_url``."""
+    env = {}
+    for line in docs_file(name, base_url).splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key.strip()] = value.strip()
+    return env
 _PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 
 
@@ -66,6 +100,42 @@ def codex_script() -> list[dict[str, Any]]:
     ]
 
 
+def hello_script(agent: str, scratch: Path) -> list[dict[str, Any]]:
+    """The model's side of "create hello.py printing hi and run it" in ``agent``'s own
+    tools: write ``hello.py`` (``print("hi")``), run ``python3 hello.py``, answer
+    :data:`HELLO_TEXT`. Claude Code: ``Write`` (file_path, content) and ``Bash``; Codex:
+    ``exec_command`` (cmd) twice; OpenCode: ``write`` (filePath, content) and ``bash``."""
+    code = 'print("hi")\n'
+    if agent.startswith("claude"):
+        calls = [{"tool": "Write", "arguments": {"file_path": str(scratch / "hello.py"),
+                                                 "content": code}},
+                 {"tool": "Bash", "arguments": {"command": "python3 hello.py",
+                                                "description": "Run hello.py"}}]
+    elif agent == "codex":
+        calls = [{"tool": "exec_command",
+                  "arguments": {"cmd": "printf 'print(\"hi\")\\n' > hello.py"}},
+                 {"tool": "exec_command", "arguments": {"cmd": "python3 hello.py"}}]
+    else:
+        calls = [{"tool": "write", "arguments": {"filePath": str(scratch / "hello.py"),
+                                                 "content": code}},
+                 {"tool": "bash", "arguments": {"command": "python3 hello.py",
+                                                "description": "Run hello.py"}}]
+    return [{"text": "Writing hello.py.", **calls[0]}, calls[1], {"text": HELLO_TEXT}]
+
+
+def opencode_script(scratch: Path) -> list[dict[str, Any]]:
+    """The four-turn task in OpenCode's tools: ``write`` (filePath, content), ``bash``
+    (command), ``read`` (filePath)."""
+    return [
+        {"text": "Writing the file.", "tool": "write",
+         "arguments": {"filePath": str(scratch / "hello.txt"), "content": "hello agent\n"}},
+        {"tool": "bash", "arguments": {"command": "wc -c < hello.txt > count.txt",
+                                       "description": "Count the bytes"}},
+        {"tool": "read", "arguments": {"filePath": str(scratch / "count.txt")}},
+        {"text": FINAL_TEXT},
+    ]
+
+
 def set_replica_faults(stack: Stack, faults: dict[str, Any]) -> None:
     """Replace every simulator's fault script (the scripted turns included)."""
     with httpx.Client(timeout=5) as c:
@@ -90,24 +160,37 @@ class AgentRun:
     errors: list[str] = field(default_factory=list)
 
 
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess,
-                                                                   float]:
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float = RUN_TIMEOUT_S,
+         ) -> tuple[subprocess.CompletedProcess, float]:
+    """Run an agent (its own process group) to its end or ``timeout_s``; past that the group
+    is killed and the result's return code is 124 (as ``timeout``'s), output so far kept."""
     base = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "NO_PROXY": "127.0.0.1,localhost"}
     t0 = time.monotonic()
-    done = subprocess.run(cmd, cwd=cwd, env={**base, **env}, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    return done, time.monotonic() - t0
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**base, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc = 124
+    return subprocess.CompletedProcess(cmd, rc, out, err), time.monotonic() - t0
 
 
-def run_claude(claude: Path, stack: Stack, scratch: Path, home: Path, model: str) -> AgentRun:
-    """``claude -p`` on the scripted task with the Write, Bash and Read tools allowed."""
-    env = {"HOME": str(home), "ANTHROPIC_BASE_URL": stack.base_url,
-           "ANTHROPIC_API_KEY": "sk-test", "ANTHROPIC_MODEL": model,
-           "ANTHROPIC_SMALL_FAST_MODEL": model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-           "DISABLE_TELEMETRY": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-           "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
-    cmd = [str(claude), "-p", "Write hello.txt, count its bytes into count.txt, read it back.",
-           "--allowedTools", "Write,Bash,Read", "--output-format", "json", "--max-turns", "10"]
+def run_claude(claude: Path, stack: Stack, scratch: Path, home: Path, model: str | None = None,
+               prompt: str = "Write hello.txt, count its bytes into count.txt, read it back.",
+               max_turns: int = 10) -> AgentRun:
+    """``claude -p`` on ``prompt``, configured by ``docs/agents/claude-code.env`` (``model``,
+    when given, replaces its models), with permission for the Write, Bash and Read tools (a
+    non-interactive run cannot ask; every other tool stays offered)."""
+    env = {"HOME": str(home), **docs_env("claude-code.env", stack.base_url), **CLAUDE_QUIET}
+    if model is not None:
+        env |= {k: model for k in ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+                                    "ANTHROPIC_SMALL_FAST_MODEL")}
+    cmd = [str(claude), "-p", prompt, "--allowedTools", "Write,Bash,Read",
+           "--output-format", "json", "--max-turns", str(max_turns)]
     done, wall = _run(cmd, scratch, env)
     run = AgentRun(done.returncode, done.stdout, done.stderr, wall)
     try:
@@ -127,20 +210,21 @@ def run_claude(claude: Path, stack: Stack, scratch: Path, home: Path, model: str
     return run
 
 
-def run_codex(codex: Path, stack: Stack, scratch: Path, home: Path, model: str) -> AgentRun:
-    """``codex exec`` on the scripted task, its provider the gateway (Responses API)."""
+def run_codex(codex: Path, stack: Stack, scratch: Path, home: Path, model: str | None = None,
+              prompt: str = "Write hello.txt, count its bytes into count.txt, read it back.",
+              ) -> AgentRun:
+    """``codex exec`` on ``prompt``, its ``config.toml`` ``docs/agents/codex-config.toml``
+    (``model``, when given, replaces its model) with update checks and analytics off."""
     codex_home = home / "codex"
     codex_home.mkdir(parents=True, exist_ok=True)
-    (codex_home / "config.toml").write_text(
-        f'model = "{model}"\nmodel_provider = "speedgate"\n'
-        "check_for_update_on_startup = false\n"
-        "[model_providers.speedgate]\nname = \"speedgate\"\n"
-        f'base_url = "{stack.base_url}/v1"\nwire_api = "responses"\n'
-        'env_key = "SPEEDGATE_API_KEY"\n[analytics]\nenabled = false\n')
+    config = docs_file("codex-config.toml", stack.base_url)
+    if model is not None:
+        config = re.sub(r'(?m)^model = ".*"$', f'model = "{model}"', config)
+    (codex_home / "config.toml").write_text(  # top-level keys first, a table last
+        f"check_for_update_on_startup = false\n{config}\n[analytics]\nenabled = false\n")
     env = {"HOME": str(home), "CODEX_HOME": str(codex_home), "SPEEDGATE_API_KEY": "sk-test"}
     cmd = [str(codex), "exec", "--skip-git-repo-check", "--json",
-           "--dangerously-bypass-approvals-and-sandbox",
-           "Write hello.txt, count its bytes into count.txt, read it back."]
+           "--dangerously-bypass-approvals-and-sandbox", prompt]
     done, wall = _run(cmd, scratch, env)
     run = AgentRun(done.returncode, done.stdout, done.stderr, wall)
     for line in done.stdout.splitlines():
@@ -165,6 +249,46 @@ def run_codex(codex: Path, stack: Stack, scratch: Path, home: Path, model: str) 
         elif kind == "item.completed" and item.get("type") == "error" and (
                 "metadata" not in (item.get("message") or "")):  # an unknown model's notice
             run.errors.append(line)
+    return run
+
+
+def run_opencode(opencode: Path, stack: Stack, scratch: Path, home: Path,
+                 model: str | None = None, prompt: str = HELLO_TASK) -> AgentRun:
+    """``opencode run --format json --auto`` on ``prompt`` (``--auto``: its permissions
+    granted, as a non-interactive run needs), configured by ``docs/agents/opencode.json`` as
+    the user's global config (``$XDG_CONFIG_HOME/opencode/opencode.json``; ``model``, when
+    given, replaces its model), every XDG folder in the temp home. ``turns``: its tool calls;
+    ``result``: its last text; ``errors``: its ``error`` events' messages."""
+    config = docs_file("opencode.json", stack.base_url)
+    if model is not None:
+        config = config.replace('"model": "speedgate/mymodel-fast"',
+                                f'"model": "speedgate/{model}"')
+    xdg = {f"XDG_{k}_HOME": str(home / k.lower()) for k in ("CONFIG", "DATA", "CACHE", "STATE")}
+    (home / "config" / "opencode").mkdir(parents=True, exist_ok=True)
+    (home / "config" / "opencode" / "opencode.json").write_text(config)
+    env = {"HOME": str(home), **xdg, **OPENCODE_QUIET, "SPEEDGATE_API_KEY": "sk-test"}
+    cmd = [str(opencode), "run", "--format", "json", "--auto", prompt]
+    done, wall = _run(cmd, scratch, env)
+    run = AgentRun(done.returncode, done.stdout, done.stderr, wall)
+    for line in done.stdout.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        part = ev.get("part") or {}
+        run.session_id = run.session_id or ev.get("sessionID")
+        if ev.get("type") == "text" and not part.get("synthetic"):
+            run.result = part.get("text") or ""
+        elif ev.get("type") == "tool_use":
+            run.turns += 1
+        elif ev.get("type") == "step_finish":
+            t = part.get("tokens") or {}
+            run.prompt_tokens += (t.get("input") or 0) + ((t.get("cache") or {}).get("read")
+                                                           or 0)
+            run.output_tokens += t.get("output") or 0
+        elif ev.get("type") == "error":
+            err = ev.get("error") or {}
+            run.errors.append(f"{err.get('name')}: {(err.get('data') or {}).get('message')}")
     return run
 
 

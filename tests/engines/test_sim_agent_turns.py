@@ -240,6 +240,32 @@ def test_scripted_turn_per_request_over_responses(sim: SimProcess) -> None:
     assert [o.type for o in r2.output] == ["message"]  # past the script's end: text
 
 
+def test_script_text_when_a_user_message_names_a_phrase(sim: SimProcess) -> None:
+    """``script_text_when``: a request whose user message (its tool result's text included in
+    the same message, as Claude Code appends its summary instruction) holds one of the phrases
+    is answered with generated text instead of its scripted tool call, a conversation without
+    them keeps the script (an agent's compaction request and its continuation, answered in
+    words)."""
+    faults = {"script": [{"tool": "write", "arguments": {"path": "a"}}] * 3,
+              "script_text_when": ["Respond with plain text only"]}
+    httpx.post(sim.url + "/sim/faults", json=faults).raise_for_status()
+    client = anthropic.Anthropic(base_url=sim.url, api_key="x", max_retries=0)
+    tools = [{"name": "write", "input_schema": WRITE}]
+    first = client.messages.create(model="m", max_tokens=50, tools=tools,
+                                   messages=[{"role": "user", "content": "go"}])
+    use = next(b for b in first.content if b.type == "tool_use")
+    turn = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]}]
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "ok"}
+    go_on = client.messages.create(model="m", max_tokens=50, tools=tools,
+                                   messages=[*turn, {"role": "user", "content": [result]}])
+    assert go_on.stop_reason == "tool_use"
+    summary = client.messages.create(model="m", max_tokens=50, tools=tools, messages=[
+        *turn, {"role": "user", "content": [result, {
+            "type": "text", "text": "Summarize. Respond with plain text only."}]}])
+    assert summary.stop_reason != "tool_use" and summary.content[0].type == "text"
+
+
 def test_messages_accept_claude_codes_system_entries(sim: SimProcess) -> None:
     """Like vLLM's ``AnthropicMessage``: ``system`` entries between the turns, the roles
     ``ctx``/``msg`` read as user, ``tool_choice`` ``none``, ``redacted_thinking`` blocks."""
