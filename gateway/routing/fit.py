@@ -82,17 +82,26 @@ def smallest_capacity(chain: Sequence[Pool]) -> int:
     return min(known, default=0)
 
 
-def check_chain(chain: Sequence[Pool], tokens: int, param: str = "messages") -> list[Pool]:
+def largest_capacity(chain: Sequence[Pool]) -> int:
+    """The largest known ``capacity_tokens`` among the chain's replicas; 0 when none is
+    known. A request longer than it fits no replica whose limits are known."""
+    return max((capacity_tokens(r) for p in chain for r in p.replicas), default=0)
+
+
+def check_chain(
+    chain: Sequence[Pool], tokens: int, param: str = "messages", at_least: bool = False
+) -> list[Pool]:
     """The pools of ``chain`` (in order) with at least one replica ``tokens`` fits. Raises
-    ``ContextTooLong`` when there is none, naming ``tokens``, the largest capacity among
-    the chain's replicas and ``param`` (the API's prompt field: ``messages``, ``prompt``,
-    ``input``)."""
+    ``ContextTooLong`` when there is none, naming ``tokens`` ("at least" when ``at_least``:
+    counting stopped once past every replica), the largest capacity among the chain's
+    replicas and ``param`` (the API's prompt field: ``messages``, ``prompt``, ``input``)."""
     kept = [p for p in chain if fitting(p.replicas, tokens)]
     if kept or not chain:
         return kept
-    largest = max((capacity_tokens(r) for p in chain for r in p.replicas), default=0)
+    largest = largest_capacity(chain)
     raise ContextTooLong(
-        f"This request needs {tokens} tokens (prompt and requested output), more than any "
+        f"This request needs {'at least ' if at_least else ''}{tokens} tokens (prompt and "
+        f"requested output), more than any "
         f"replica of this model takes: the largest takes {largest} tokens. Shorten the "
         f"conversation or lower the output limit.",
         param=param,

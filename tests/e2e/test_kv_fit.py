@@ -120,3 +120,23 @@ def test_context_length_exceeded_names_this_apis_field(
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded"
     assert err["param"] == param, err
+
+
+def test_a_prompt_that_cannot_fit_is_counted_only_up_to_the_largest_context(stack: Stack) -> None:
+    """~1.2M tokens (5 MiB, sent gzip'd) against 64k at most: the refusal's count is a lower
+    bound just past the largest context, so the gateway encoded ~64k tokens, not 1.2M; the
+    count named is at least the largest context and says so."""
+    import gzip
+    import json
+    import re
+
+    text = "stop " * 1_200_000  # not a prefix another test sent (counts are cached by block)
+    body = gzip.compress(json.dumps({"model": MODEL, "max_tokens": 8,
+                                     "messages": [{"role": "user", "content": text}]}).encode())
+    r = httpx.post(stack.base_url + "/v1/chat/completions", content=body, timeout=60,
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded"
+    counted = int(re.search(r"needs at least (\d+) tokens", err["message"])[1])  # type: ignore[index]
+    assert LARGE < counted < LARGE + 2 * 2048  # stopped within a block or two past 64k
