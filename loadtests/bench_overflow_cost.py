@@ -5,8 +5,9 @@ Two measurements against a local stack (one simulator replica of ``--max-model-l
 behind a gateway, both on port 0):
 
 - ``overflow``: one chat request whose single prompt is ``--mib`` MiB of text (a repeated
-  sentence, sent ``gzip``), and then ``--concurrent`` of them at once. Reports the status, the
-  seconds to the answer, the compressed size sent and the gateway's peak RSS (``VmHWM`` of its
+  sentence, English or CJK: ``--text``, sent ``gzip``), and then ``--concurrent`` of them at
+  once. Reports the status, the seconds to the answer, the compressed size sent and the
+  gateway's peak RSS (``VmHWM`` of its
   process: a high-water mark, so each case runs on a fresh gateway) before and after;
 - ``gap``: a streaming request paced by the simulator (a token every ~12 ms) while ``--bodies``
   gzip bodies of ``--body-mib`` MiB each are sent at once: the stream's longest gap between
@@ -41,6 +42,8 @@ from loadtests._common import install_loop, new_session, start_gateway, start_si
 MODEL = "fit"
 MIB = 1024 * 1024
 SENTENCE = "The quick brown fox jumps over the lazy dog, then reads the build log again. "
+#: The prompt's text: English, or CJK without spaces (the costliest to count: one segment)
+TEXTS = {"english": SENTENCE, "cjk": "漢字かな交じり文の長い文書です"}
 
 
 def proc_status_mib(pid: int, field: str) -> float:
@@ -52,10 +55,13 @@ def proc_status_mib(pid: int, field: str) -> float:
     raise RuntimeError(f"no {field}")
 
 
-def prompt_body(mib: float, stream: bool = False, max_tokens: int = 16) -> bytes:
-    """A chat request whose one user message is ``mib`` MiB of a repeated sentence, gzip'd."""
-    text = (SENTENCE * (int(mib * MIB) // len(SENTENCE) + 1))[: int(mib * MIB)]
-    doc = {"model": MODEL, "max_tokens": max_tokens, "stream": stream,
+def prompt_body(mib: float, kind: str = "english", max_tokens: int = 16) -> bytes:
+    """A chat request whose one user message is about ``mib`` MiB (UTF-8) of a repeated
+    sentence of ``TEXTS[kind]``, gzip'd."""
+    unit = TEXTS[kind]
+    n = int(mib * MIB) // len(unit.encode())
+    text = unit * n
+    doc = {"model": MODEL, "max_tokens": max_tokens,
            "messages": [{"role": "user", "content": text}]}
     return gzip.compress(orjson.dumps(doc), compresslevel=9)
 
@@ -97,7 +103,7 @@ async def overflow_case(args: argparse.Namespace, tmp: Path, sim_url: str, n: in
     try:
         url = gw.wait_ready("/readyz")
         await _learned(url)
-        body = prompt_body(args.mib)
+        body = prompt_body(args.mib, args.text)
         hwm0 = proc_status_mib(gw.pid, "VmHWM")
         t0 = time.monotonic()
         async with new_session() as s:
@@ -131,7 +137,7 @@ async def gap_case(args: argparse.Namespace, tmp: Path, sim_url: str) -> dict:
     try:
         url = gw.wait_ready("/readyz")
         await _learned(url)
-        body = prompt_body(args.body_mib)
+        body = prompt_body(args.body_mib, args.text)
         marks: list[float] = []
         async with new_session() as s:
             stream = asyncio.ensure_future(_stream_gaps(s, url, marks))
@@ -173,6 +179,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=("overflow", "gap"))
     p.add_argument("--mib", type=float, default=8.0, help="decoded prompt size (overflow)")
+    p.add_argument("--text", choices=sorted(TEXTS), default="english", help="prompt text")
     p.add_argument("--concurrent", type=int, default=3, help="overflowing requests at once")
     p.add_argument("--context", type=int, default=32768, help="the replica's max_model_len")
     p.add_argument("--bodies", type=int, default=10, help="compressed bodies at once (gap)")

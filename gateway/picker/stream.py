@@ -13,7 +13,8 @@ message's ``protocol_config``):
   body's answer;
 - a request without a body is decided on its headers (its protocol then answers 400).
 
-A ``Content-Encoding`` body (gzip, deflate, br, zstd) is decoded as it arrives with the
+A ``Content-Encoding`` body (gzip, deflate, br, zstd; all the header's field lines as one list,
+like the proxy) is decoded as it arrives, large chunks off the event loop, with the
 proxy's own decoder (``gateway.common.body_codings``: the decoded size bounded by
 ``server.max_body_bytes`` and the inflation bound, 413 past either, 400 for a corrupt stream,
 415 for an unknown coding). The engine gets the decoded body (vLLM does not decode compressed
@@ -33,7 +34,7 @@ from collections.abc import AsyncIterator
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from gateway.common.body_codings import BodyDecoder, body_decoder
+from gateway.common.body_codings import BodyDecoder, body_decoder, decode_chunk
 from gateway.errors import GatewayError
 from gateway.picker import messages as msg
 from gateway.picker.decide import Pick, Picker
@@ -87,9 +88,10 @@ class PickerStream:
             self.subset = msg.subset_hint(req)
             if req.request_headers.end_of_stream:
                 return await self._decide(trailers=False)
-            try:
-                self.decoder = body_decoder(self.headers.get("content-encoding"),
-                                            self.picker.runtime.config.server.max_body_bytes)
+            try:  # every content-encoding field line, as one list (RFC 9110)
+                self.decoder = body_decoder(
+                    msg.header_values(req.request_headers.headers, "content-encoding"),
+                    self.picker.runtime.config.server.max_body_bytes)
             except GatewayError as e:
                 return self._fail(e)
             if self.body_mode == BUFFERED:
@@ -118,7 +120,8 @@ class PickerStream:
         """Keep (decoding) one body chunk; decide at the body's end."""
         limit = self.picker.runtime.config.server.max_body_bytes
         try:
-            self.body += body.body if self.decoder is None else self.decoder.feed(body.body)
+            self.body += (body.body if self.decoder is None
+                          else await decode_chunk(self.decoder, body.body))
         except GatewayError as e:
             return self._fail(e)
         if len(self.body) > limit:

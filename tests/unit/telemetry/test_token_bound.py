@@ -45,14 +45,19 @@ def test_longest_token_bounds_the_characters_per_token(encoding: str) -> None:
     assert tokencount.max_token_chars(encoding) == 128  # type: ignore[arg-type]
 
 
-def test_a_prompt_longer_than_any_context_by_its_characters_is_not_encoded(
-    counting: _Counting,
+@pytest.mark.parametrize("text", [
+    "The quick brown fox. " * 400_000,  # 8 MiB of English
+    "漢字かな交じり文の長い文書です" * 100_000,  # 1.5 M characters, 4.5 MB: one run of letters
+])
+def test_a_prompt_longer_than_any_context_by_its_bytes_is_not_encoded(
+    counting: _Counting, text: str
 ) -> None:
-    """8 MiB against a 32k-token context: 8 Mi characters hold at least 65,536 tokens."""
-    text = ("漢字かな交じり文" * (8 * 1024 * 1024 // 8))
+    """Against a 32k-token context: 128 × 32,768 bytes = 4 MiB hold at least 32,768 tokens
+    (a token is at most 128 bytes), so more is refused before any encoding. The CJK run has
+    no cut inside: counted, it was encoded whole (4.5 s and ~300 MB for 8 MiB)."""
     got = tokencount.count_prompt_upto(_chat(text), "chat", 32768)
     assert got.stopped and got.tokens > 32768
-    assert got.tokens >= len(text) // 128
+    assert got.tokens >= len(text.encode()) // 128
     assert counting.chars == 0
 
 
@@ -81,8 +86,9 @@ def test_a_prompt_that_fits_is_counted_exactly(counting: _Counting) -> None:
 
 @pytest.mark.parametrize("text", [
     SENTENCE * 40_000,  # 3 MB of English: stops after ~32k tokens
-    "漢字，かな。" * 500_000,  # 3 MB of CJK prose without spaces: cut at its punctuation
+    "漢字，かな。" * 200_000,  # 1.2 M characters of CJK prose: cut at its punctuation
     "1234567890" * 300_000,  # 3 MB of digits: cut every three digits
+    "漢字かな交じり文の長い文書です" * 100_000,  # 4.5 MB of CJK letters: refused by its bytes
 ])
 def test_memory_of_a_prompt_that_cannot_fit_stays_flat(text: str) -> None:
     """The count's own allocations (tracemalloc peak over the document already in memory):
