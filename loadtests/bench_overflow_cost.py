@@ -118,10 +118,12 @@ async def overflow_case(args: argparse.Namespace, tmp: Path, sim_url: str, n: in
 
 
 async def _stream_gaps(s: aiohttp.ClientSession, url: str, marks: list[float]) -> None:
-    body = orjson.dumps({"model": MODEL, "stream": True, "max_tokens": 100_000,
+    body = orjson.dumps({"model": MODEL, "stream": True, "max_tokens": 20_000,
                          "messages": [{"role": "user", "content": "count"}]})
     async with s.post(url + "/v1/chat/completions", data=body,
                       headers={"Content-Type": "application/json"}) as r:
+        if r.status != 200:
+            raise RuntimeError(f"the paced stream got {r.status}: {await r.read()!r}")
         async for _ in r.content.iter_any():
             marks.append(time.monotonic())
 
@@ -148,6 +150,8 @@ async def gap_case(args: argparse.Namespace, tmp: Path, sim_url: str) -> dict:
             got = await asyncio.gather(*(_post(s, url, body) for _ in range(args.bodies)))
             t_end = time.monotonic()
             await asyncio.sleep(0.5)
+            if stream.done():
+                stream.result()  # the stream's own failure, if any
             stream.cancel()
             await asyncio.gather(stream, return_exceptions=True)
         return {"bodies": args.bodies, "sent_kib_each": round(len(body) / 1024, 1),
