@@ -103,3 +103,23 @@ def test_memory_of_a_prompt_that_cannot_fit_stays_flat(text: str) -> None:
         tracemalloc.stop()
     assert got.stopped
     assert peak < 4 * 1024 * 1024
+
+
+def test_admission_estimate_adds_the_output_cap_and_says_when_it_stopped(
+    counting: _Counting,
+) -> None:
+    """``estimate_tokens_upto`` (fit at admission, a key's tokens per minute): the limit holds
+    the prompt and the output cap together; past it the estimate is a lower bound."""
+    import asyncio
+
+    from gateway.admit.gate import estimate_tokens, estimate_tokens_upto
+
+    doc = {**_chat(SENTENCE * 8000), "max_tokens": 1000}
+    got = asyncio.run(estimate_tokens_upto(doc, "chat", 700_000, "cl100k_base", 32768))
+    assert got.stopped and got.tokens > 32768
+    assert counting.chars < 32768 * 5 + 2 * 2048
+    small = {**_chat("hello there"), "max_tokens": 1000}
+    fits = asyncio.run(estimate_tokens_upto(small, "chat", 100, "cl100k_base", 32768))
+    assert not fits.stopped
+    assert fits.tokens == asyncio.run(estimate_tokens(small, "chat", 100, "cl100k_base"))
+    assert fits.tokens == tokencount.count_chat_prompt(small) + 1000
