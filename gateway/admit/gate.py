@@ -46,7 +46,7 @@ from gateway.plan.tiers import TierRequest
 from gateway.protocols.base import Protocol
 from gateway.protocols.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tokencount import count_prompt_async
+from gateway.telemetry.tokencount import PromptCount, count_prompt_upto_async
 
 log = logging.getLogger("speedgate.admission")
 
@@ -161,7 +161,9 @@ class Gate:
         raw_size: int,
     ) -> tuple[Reservation | None, list[tuple[bytes, bytes]]]:
         """Reserve the key's limits for this request: ``(reservation, response headers)``.
-        Tokens are estimated on the body's chat-shaped conversation; a protocol that generates
+        Tokens are estimated on the body's chat-shaped conversation, counted no further than
+        ``tokens_per_min`` (a request above the bucket's size is refused whatever its exact
+        count, which the message then gives as a lower bound); a protocol that generates
         nothing (token counting) reserves a request only.
 
         Raises ``RateLimited`` (429 + Retry-After + ``x-ratelimit-*``) or, fail-closed with
@@ -173,12 +175,14 @@ class Gate:
             return None, []
         tokens = 0
         if limits.tokens_per_min and protocol.generates:
-            tokens = await estimate_tokens(
+            # counted no further than the bucket holds: more is refused whatever the rest
+            tokens = (await estimate_tokens_upto(
                 body.conversation,
                 protocol.count_kind,  # type: ignore[arg-type]
                 raw_size,
                 self.config.telemetry.usage_estimate_encoding,
-            )
+                limits.tokens_per_min,
+            )).tokens
         decision, reservation = await self.limiter.reserve(key.id, limits, tokens)
         if reservation is None:
             raise RateLimited(key.id, decision)
@@ -218,11 +222,26 @@ async def estimate_tokens(
 ) -> int:
     """Tokens to reserve at admission: the prompt counted with tiktoken plus the output cap
     the client set (``max_completion_tokens`` or ``max_tokens``; 0 when unset)."""
+    return (await estimate_tokens_upto(doc, kind, raw_size, encoding, None)).tokens
+
+
+async def estimate_tokens_upto(
+    doc: dict[str, Any], kind: Literal["chat", "completion"], raw_size: int, encoding: Any,
+    limit: int | None,
+) -> PromptCount:
+    """``estimate_tokens`` with the prompt counted no further than needed to prove the prompt
+    alone passes ``limit`` (None: all of it; ``count_prompt_upto``): ``stopped`` True when
+    counting stopped there, ``tokens`` (prompt + output cap) then holding a lower bound of the
+    prompt that is more than ``limit``. A prompt within ``limit`` is counted exactly, so an
+    overflow of prompt + cap names the exact prompt (the number an agent lowers its output
+    cap by)."""
+    cap = output_cap(doc)
     try:
-        prompt = await count_prompt_async(doc, kind, size_hint=raw_size, encoding=encoding)
+        got = await count_prompt_upto_async(doc, kind, limit, size_hint=raw_size,
+                                            encoding=encoding)
     except Exception:  # an odd body shape must not fail admission: bytes / 4 (OpenAI's rule)
-        prompt = raw_size // 4
-    return prompt + output_cap(doc)
+        got = PromptCount(raw_size // 4, False)
+    return PromptCount(got.tokens + cap, got.stopped)
 
 
 def output_cap(doc: dict[str, Any]) -> int:

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from gateway.admit.gate import estimate_tokens, output_cap
+from gateway.admit.gate import estimate_tokens_upto, output_cap
 from gateway.plan.chain import Plan
 from gateway.protocols.base import Protocol
 from gateway.protocols.body import ParsedBody
 from gateway.routing import RouteRequest
-from gateway.routing.fit import check_chain, limits_known, smallest_capacity
+from gateway.routing.fit import check_chain, largest_capacity, limits_known, smallest_capacity
 
 
 async def fit_replicas(
@@ -23,7 +23,11 @@ async def fit_replicas(
     none. A body whose
     bytes (``raw_size``) plus output cap fit the smallest known replica (a token is at least
     one byte) is not counted: bytes / 4 (OpenAI's rule of thumb) serves the headroom scorer.
-    ``encoding``: the tiktoken encoding of the estimate."""
+    Otherwise the count stops as soon as it passes the largest known capacity (past it no
+    replica whose limits are known fits, whatever the exact count, and one whose limits are
+    unknown takes any): a prompt that cannot fit costs about that many tokens' encoding, and
+    the refusal names a lower bound (``estimate_tokens_upto``). ``encoding``: the tiktoken
+    encoding of the estimate."""
     if not protocol.generates or not limits_known(plan.chain):
         return
     cap = output_cap(body.conversation)
@@ -31,13 +35,14 @@ async def fit_replicas(
     if raw_size + cap <= smallest_capacity(plan.chain):
         route.tokens = raw_size // 4 + cap
         return
-    route.tokens = await estimate_tokens(
+    counted = await estimate_tokens_upto(
         body.conversation, protocol.count_kind,  # type: ignore[arg-type]
-        raw_size, encoding,
+        raw_size, encoding, largest_capacity(plan.chain),
     )
+    route.tokens = counted.tokens
     first = plan.chain[0] if plan.chain else None
     plan.chain = check_chain(plan.chain, route.tokens, protocol.prompt_field, cap,
-                             _output_param(protocol, body))
+                             _output_param(protocol, body), at_least=counted.stopped)
     if plan.chain and plan.chain[0] is not first:
         plan.reason = "context-does-not-fit"
 

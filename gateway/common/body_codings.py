@@ -3,8 +3,10 @@
 Codings (RFC 9110 §8.4.1, the IANA content-coding registry): ``gzip`` (and ``x-gzip``),
 ``deflate`` (the zlib format, RFC 1950; a raw RFC 1951 stream, which some clients send under
 that name, is accepted too), ``br`` (Brotli, RFC 7932, the ``brotli`` package), ``zstd`` (RFC
-8878, the ``zstandard`` package); ``identity`` is no coding. One coding at most: a body coded
-twice, or with any other coding, is ``UnsupportedMediaType`` (415).
+8878, the ``zstandard`` package); ``identity`` is no coding. ``Content-Encoding`` is read as
+RFC 9110 §5.3 and §8.4 say: every field line of it joined into one comma-separated list, the
+codings in the order they were applied, so decoded last to first; at most ``MAX_CODINGS`` of
+them. Any other coding is ``UnsupportedMediaType`` (415).
 
 Decoding is incremental and bounded: each received chunk is decoded as it arrives, and no
 decoder ever produces more than ``limit + 1`` bytes in total, so a small "bomb" (a few KB
@@ -16,11 +18,23 @@ slices small enough that they cannot inflate past it (``ZstdDecoder``). A corrup
 stream is ``InvalidRequest`` (400, ``invalid_encoding``). A body that inflates past
 ``MAX_INFLATION``:1 (beyond the first ``INFLATION_FLOOR`` bytes) is refused (413) as it
 decodes, so a bomb costs memory in proportion to its own compressed size, not to ``limit``.
+Stacked codings keep that bound from the bytes received to the body decoded (``ChainDecoder``).
+
+Off the event loop: ``decode_chunk`` decodes a received chunk of ``OFFLOAD_BYTES`` or more in a
+worker thread (zlib, brotli and zstandard release the GIL while they decode), so a burst of
+large compressed bodies does not stall the other requests' streams; a smaller chunk, whose
+decoding costs well under a millisecond (module constant), is decoded inline.
+
+The edges' entry points: ``body_decoder`` (every ``Content-Encoding`` field value in, a decoder
+out), ``decode_chunk`` per received chunk, then ``BodyDecoder.finish``; ``decode_body`` does
+all three for a body already received whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import zlib
+from collections.abc import Iterable
 from typing import Protocol
 
 import brotli
@@ -30,6 +44,14 @@ from gateway.errors import BodyTooLarge, InvalidRequest, UnsupportedMediaType
 
 #: The codings accepted, as they appear in ``Content-Encoding`` (lower-case).
 CODINGS = ("gzip", "x-gzip", "deflate", "br", "zstd")
+#: Most codings stacked on one body (RFC 9110 sets none; clients apply one): each is a decoder
+#: holding up to ``limit`` bytes, so the number is bounded.
+MAX_CODINGS = 3
+#: Received chunks at least this long (bytes, compressed) are decoded in a worker thread. A
+#: shorter chunk decodes to at most ~1 MiB (``MAX_INFLATION`` times its size, or what is left
+#: of ``INFLATION_FLOOR``): measured 0.54 ms for the worst case (1 KiB of gzip'd zeros giving
+#: 1 MiB) and ~5 µs for an ordinary chunk, against ~30 µs for a hand-off to a thread.
+OFFLOAD_BYTES = 1024
 _PIECE = 64 * 1024  # output produced per step (bytes)
 
 
@@ -214,21 +236,87 @@ class ZstdDecoder:
         return b""
 
 
-def body_decoder(content_encoding: str | None, limit: int) -> BodyDecoder | None:
-    """The decoder of a ``Content-Encoding`` header value, None for no coding (absent, empty,
-    ``identity``); ``UnsupportedMediaType`` (415) for several codings or an unknown one.
-    ``limit``: the most decoded bytes accepted (``server.max_body_bytes``)."""
-    codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
-    codings = [c for c in codings if c and c != "identity"]
-    if not codings:
-        return None
-    if len(codings) > 1 or codings[0] not in CODINGS:
-        raise UnsupportedMediaType(
-            f"Content-Encoding {content_encoding!r} is not supported: use one of "
-            "gzip, deflate, br, zstd (or none)", param="content-encoding")
-    coding = codings[0]
+def coding_list(content_encoding: str | Iterable[str] | None) -> list[str]:
+    """The codings of ``Content-Encoding``: one field value or all of the request's field
+    values (RFC 9110 §5.3: repeated field lines are one comma-separated list), in the order
+    they were applied, lower-case, ``identity`` and empty members left out."""
+    values = [content_encoding] if isinstance(content_encoding, str) else content_encoding or []
+    codings = [c.strip().lower() for v in values for c in v.split(",")]
+    return [c for c in codings if c and c != "identity"]
+
+
+def _single(coding: str, limit: int) -> BodyDecoder:
     if coding == "br":
         return BrotliDecoder(limit)
     if coding == "zstd":
         return ZstdDecoder(limit)
     return ZlibDecoder("gzip" if coding == "x-gzip" else coding, limit)
+
+
+class ChainDecoder:
+    """Stacked codings: ``decoders`` from the last coding applied (the outermost, decoded
+    first) to the first. Each stage is bounded by ``limit`` as a single coding is; the chain's
+    own budget holds the body decoded to ``MAX_INFLATION`` times the bytes received, so a
+    bomb nested in several codings is refused like one in a single coding."""
+
+    def __init__(self, decoders: list[BodyDecoder], limit: int) -> None:
+        self.decoders, self.budget = decoders, _Budget(limit)
+
+    def feed(self, data: bytes) -> bytes:
+        """Decoded bytes of the next received chunk ``data``, through every stage."""
+        self.budget.fed(len(data))
+        for d in self.decoders:
+            data = d.feed(data) if data else b""
+        return self.budget.take(data)
+
+    def finish(self) -> bytes:
+        """The last decoded bytes; ``InvalidRequest`` when any stage's stream is incomplete."""
+        data = b""
+        for d in self.decoders:
+            data = (d.feed(data) if data else b"") + d.finish()
+        return self.budget.take(data)
+
+
+def body_decoder(content_encoding: str | Iterable[str] | None, limit: int) -> BodyDecoder | None:
+    """The decoder of a request's ``Content-Encoding``: its field value, or all its field
+    values in order (``coding_list``); None for no coding (absent, empty, ``identity``).
+    ``UnsupportedMediaType`` (415) for an unknown coding or more than ``MAX_CODINGS``.
+    ``limit``: the most decoded bytes accepted (``server.max_body_bytes``)."""
+    codings = coding_list(content_encoding)
+    if not codings:
+        return None
+    if len(codings) > MAX_CODINGS or any(c not in CODINGS for c in codings):
+        shown = ", ".join(codings)
+        raise UnsupportedMediaType(
+            f"Content-Encoding {shown!r} is not supported: use gzip, deflate, br or zstd "
+            f"(at most {MAX_CODINGS} stacked), or none", param="content-encoding")
+    if len(codings) == 1:
+        return _single(codings[0], limit)
+    return ChainDecoder([_single(c, limit) for c in reversed(codings)], limit)
+
+
+async def decode_chunk(decoder: BodyDecoder, chunk: bytes) -> bytes:
+    """``decoder.feed(chunk)``, in a worker thread when ``chunk`` is ``OFFLOAD_BYTES`` or
+    longer (module docstring); raises what ``feed`` raises (413, 400). One chunk at a time per
+    decoder: await each before the next."""
+    if len(chunk) >= OFFLOAD_BYTES:
+        return await asyncio.to_thread(decoder.feed, chunk)
+    return decoder.feed(chunk)
+
+
+async def decode_body(content_encoding: str | Iterable[str] | None, body: bytes,
+                      limit: int) -> bytes:
+    """``body`` received whole, decoded by its ``Content-Encoding`` field values (one or all
+    of them, ``body_decoder``): the body itself when it has no coding. Fed 64 KiB at a time,
+    each slice off the event loop when it is ``OFFLOAD_BYTES`` or longer. Raises
+    ``UnsupportedMediaType`` (415), ``BodyTooLarge`` (413, decoded size past ``limit`` or
+    the inflation bound) or ``InvalidRequest`` (400, a corrupt or truncated stream): each
+    edge answers them in its client protocol's shape."""
+    decoder = body_decoder(content_encoding, limit)
+    if decoder is None:
+        return body
+    view, parts = memoryview(body), []
+    for i in range(0, len(body), _PIECE):
+        parts.append(await decode_chunk(decoder, bytes(view[i:i + _PIECE])))
+    parts.append(decoder.finish())
+    return b"".join(parts)

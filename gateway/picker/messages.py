@@ -48,6 +48,13 @@ def header_map(headers: base_pb2.HeaderMap) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in header_pairs(headers)}
 
 
+def header_values(headers: base_pb2.HeaderMap, name: str) -> list[str]:
+    """Every value of header ``name`` (lower-case) in Envoy's order (``raw_value`` preferred,
+    latin-1), for a header read as a list (``content-encoding``)."""
+    return [h.raw_value.decode("latin-1") if h.raw_value else h.value
+            for h in headers.headers if h.key.lower() == name]
+
+
 def subset_hint(req: ep.ProcessingRequest) -> list[str] | None:
     """The ``ip:port`` endpoints the data plane allows (None: no hint, any of the pool)."""
     fm = req.metadata_context.filter_metadata

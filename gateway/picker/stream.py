@@ -24,7 +24,8 @@ again, request body after its end, response headers before the pick or twice) en
 with gRPC ``FAILED_PRECONDITION`` (``OutOfOrder``); the pick made is finished once, as at every
 stream's end.
 
-A ``Content-Encoding`` body (gzip, deflate, br, zstd) is decoded as it arrives with the
+A ``Content-Encoding`` body (gzip, deflate, br, zstd; all the header's field lines as one list,
+like the proxy) is decoded as it arrives, large chunks off the event loop, with the
 proxy's own decoder (``gateway.common.body_codings``: the decoded size bounded by
 ``server.max_body_bytes`` and the inflation bound, 413 past either, 400 for a corrupt stream,
 415 for an unknown coding). The engine gets the decoded body (vLLM does not decode compressed
@@ -46,7 +47,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from gateway.admit.auth import ApiKey
 from gateway.admit.request import ClientRequest
-from gateway.common.body_codings import BodyDecoder, body_decoder
+from gateway.common.body_codings import BodyDecoder, body_decoder, decode_chunk
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.picker import messages as msg
 from gateway.picker.decide import Pick, Picker
@@ -155,7 +156,9 @@ class PickerStream:
                                    f"{limit} bytes")
             if req.request_headers.end_of_stream:
                 return await self._decide(trailers=False)
-            self.decoder = body_decoder(self.headers.get("content-encoding"), limit)
+            # every content-encoding field line, as one list (RFC 9110)
+            self.decoder = body_decoder(
+                [v.decode("latin-1") for k, v in pairs if k == b"content-encoding"], limit)
         except GatewayError as e:
             return self._fail(e)
         if self.body_mode == BUFFERED:
@@ -170,7 +173,8 @@ class PickerStream:
         """Keep (decoding) one body chunk; decide at the body's end."""
         limit = self.picker.runtime.config.server.max_body_bytes
         try:
-            self.body += body.body if self.decoder is None else self.decoder.feed(body.body)
+            self.body += (body.body if self.decoder is None
+                          else await decode_chunk(self.decoder, body.body))
         except GatewayError as e:
             return self._fail(e)
         if len(self.body) > limit:

@@ -78,18 +78,25 @@ def smallest_capacity(chain: Sequence[Pool]) -> int:
     return min(known, default=0)
 
 
+def largest_capacity(chain: Sequence[Pool]) -> int:
+    """The largest known ``capacity_tokens`` among the chain's replicas; 0 when none is
+    known. A request longer than it fits no replica whose limits are known."""
+    return max((capacity_tokens(r) for p in chain for r in p.replicas), default=0)
+
+
 def check_chain(
     chain: Sequence[Pool], tokens: int, param: str = "messages", output_tokens: int = 0,
-    output_param: str = "max_tokens",
+    output_param: str = "max_tokens", at_least: bool = False,
 ) -> list[Pool]:
     """The pools of ``chain`` (in order) with at least one replica ``tokens`` (prompt + output
     cap) fits. Raises ``ContextTooLong`` when there is none, naming the prompt's tokens
     (``tokens − output_tokens``), the output cap ``output_tokens``, the largest capacity among
     the chain's replicas, and ``param`` (the API's prompt field: ``messages``, ``prompt``,
-    ``input``) when the prompt alone exceeds it, else ``output_param`` (the cap's field)."""
+    ``input``) when the prompt alone exceeds it, else ``output_param`` (the cap's field).
+    ``at_least``: counting stopped once the prompt passed every replica's limit, so its
+    count is a lower bound (said so in the OpenAI-shaped message)."""
     kept = [p for p in chain if fitting(p.replicas, tokens)]
     if kept or not chain:
         return kept
-    largest = max((capacity_tokens(r) for p in chain for r in p.replicas), default=0)
-    raise ContextTooLong(max(0, tokens - output_tokens), output_tokens, largest,
-                         prompt_param=param, output_param=output_param)
+    raise ContextTooLong(max(0, tokens - output_tokens), output_tokens, largest_capacity(chain),
+                         prompt_param=param, output_param=output_param, at_least=at_least)

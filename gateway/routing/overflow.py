@@ -34,20 +34,23 @@ class ContextTooLong(InvalidRequest):
     (C, tokens) as in the module docstring. ``param``: ``prompt_param`` (the API's prompt field:
     ``messages``, ``prompt``, ``input``) when the prompt alone is too long, else
     ``output_param`` (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``).
-    ``message`` is vLLM's wording; ``message_for("anthropic")`` the Messages API's."""
+    ``message`` is vLLM's wording; ``message_for("anthropic")`` the Messages API's.
+    ``at_least``: counting stopped once the prompt passed ``limit`` (A is a lower bound, and
+    the prompt alone is too long)."""
 
     code = "context_length_exceeded"
 
     def __init__(
         self, prompt_tokens: int, output_tokens: int, limit: int, *,
-        prompt_param: str = "messages", output_param: str = "max_tokens",
+        prompt_param: str = "messages", output_param: str = "max_tokens", at_least: bool = False,
     ) -> None:
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.limit = limit
         if self.prompt_only:
             text = (f"This model's maximum context length is {limit} tokens. However, your "
-                    f"request has {prompt_tokens} input tokens. Please reduce the length of "
+                    f"request has {'at least ' if at_least else ''}{prompt_tokens} input "
+                    f"tokens. Please reduce the length of "
                     f"the input messages.")
         else:
             text = (f"'max_tokens' or 'max_completion_tokens' is too large: {output_tokens}. "

@@ -23,6 +23,12 @@ Encoding costs ~35-70 ns per character on one core (measured: 4 KiB of English i
 32 KiB in 1.2-2.2 ms): ``count_*_async`` move inputs above ``OFFLOAD_CHARS`` to a worker thread
 (``asyncio.to_thread``, ~45 µs per hand-off) so a 1M-token prompt never blocks the event loop;
 loading an encoding (~0.3 s) should happen once at startup (``warm_up``).
+
+Admission counts no further than it needs (``count_prompt_upto``): a prompt is refused by its
+length alone when its UTF-8 bytes exceed ``max_token_chars`` (the encoding's longest token, 128
+bytes) times the limit, and otherwise counting stops once the tokens counted plus the fewest
+the rest can hold pass the limit (``BlockCounts.count_upto``). Without that, a prompt of 8 MiB
+against 32k-token replicas was encoded whole (2-5 s, up to 400 MB) before its 400.
 """
 
 from __future__ import annotations
@@ -33,13 +39,17 @@ import gzip
 import hashlib
 import threading
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 import tiktoken
 
 from gateway.common.usage import Usage
 from gateway.telemetry.block_count import BLOCK_CHARS, MAX_ENTRIES, BlockCounts
+
+# re-exported: the generated texts an estimate counts (``estimate_usage``'s ``output_text``)
+from gateway.telemetry.output_text import completion_text as completion_text
+from gateway.telemetry.output_text import response_text as response_text
 
 EncodingName = Literal["cl100k_base", "o200k_base"]
 DEFAULT_ENCODING: EncodingName = "cl100k_base"
@@ -91,6 +101,7 @@ _SPECS: dict[str, dict[str, Any]] = {
 }
 
 _cache: dict[str, tiktoken.Encoding] = {}
+_token_bytes: dict[str, int] = {}  # the longest token of each loaded encoding, in bytes
 _lock = threading.Lock()
 
 
@@ -124,20 +135,37 @@ def get_encoding(name: EncodingName = DEFAULT_ENCODING) -> tiktoken.Encoding:
     enc = _cache.get(name)
     if enc is not None:
         return enc
+    return _build(name)[0]
+
+
+def _build(name: str) -> tuple[tiktoken.Encoding, int]:
+    """Load ``name`` once: its ``Encoding`` and its longest token in bytes."""
     if name not in _SPECS:
         raise KeyError(f"unknown encoding {name!r}; bundled: {sorted(_SPECS)}")
     with _lock:
         enc = _cache.get(name)
         if enc is None:
             spec = _SPECS[name]
+            ranks = _load_ranks(name)
+            _token_bytes[name] = max(map(len, ranks))
             enc = tiktoken.Encoding(
                 name=name,
                 pat_str=spec["pat_str"],
-                mergeable_ranks=_load_ranks(name),
+                mergeable_ranks=ranks,
                 special_tokens=spec["special_tokens"],
             )
             _cache[name] = enc
-    return enc
+    return enc, _token_bytes[name]
+
+
+def max_token_chars(name: EncodingName = DEFAULT_ENCODING) -> int:
+    """The most characters one token of ``name`` can cover: its longest token in bytes (128
+    for ``cl100k_base`` and ``o200k_base``, a run of spaces), read from the encoding's own
+    ranks, since a character is at least one UTF-8 byte. So a text of ``n`` characters has at
+    least ``ceil(n / max_token_chars)`` tokens under ``encode_ordinary``: the bound that lets a
+    prompt be refused by its length alone (``count_prompt_upto``)."""
+    got = _token_bytes.get(name)
+    return got if got is not None else _build(name)[1]
 
 
 async def warm_up(name: EncodingName = DEFAULT_ENCODING) -> None:
@@ -197,51 +225,101 @@ def configure_cache(max_entries: int = MAX_ENTRIES, block_chars: int = BLOCK_CHA
     BLOCKS = BlockCounts(max_entries, block_chars)
 
 
-def count_chat_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAULT_ENCODING) -> int:
-    """Prompt tokens of a ``/v1/chat/completions`` request document (``messages``, ``tools``)
-    by the cookbook rule (module docstring). The message texts are counted through ``BLOCKS``
-    (per prefix block), so each turn of a growing conversation encodes only what is new."""
+class PromptCount(NamedTuple):
+    """A prompt's tokens as ``count_prompt_upto`` counted them. ``tokens``: the count, or, when
+    ``stopped``, a lower bound of it that is more than the limit (the tokens encoded before the
+    stop plus the fewest the rest can hold: ``max_token_chars``); ``stopped``: counting ended
+    at the limit before the whole prompt was encoded."""
+
+    tokens: int
+    stopped: bool
+
+
+def _chat_parts(doc: dict[str, Any]) -> tuple[int, list[str]]:
+    """The fixed tokens of a chat request (the cookbook's per-message, name and reply priming
+    tokens) and its texts to encode: the tools' compact JSON first (the same every turn, so its
+    blocks are cached across a session), then every message's texts."""
+    fixed, texts = 0, []
+    tools = doc.get("tools")
+    if tools:
+        texts.append(orjson.dumps(tools).decode())
+    messages = doc.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            fixed += TOKENS_PER_MESSAGE
+            texts.extend(_message_texts(message))
+            if "name" in message:
+                fixed += TOKENS_PER_NAME
+        fixed += REPLY_PRIMING_TOKENS
+    return fixed, texts
+
+
+def _completion_parts(doc: dict[str, Any]) -> tuple[int, list[str]]:
+    """The tokens a ``/v1/completions`` prompt gives as ids and its texts to encode."""
+    prompt = doc.get("prompt")
+    if isinstance(prompt, str):
+        return 0, [prompt]
+    if not isinstance(prompt, list):
+        return 0, []
+    if all(isinstance(p, int) for p in prompt):
+        return len(prompt), []
+    ids = sum(len(p) for p in prompt if isinstance(p, list))
+    return ids, [p for p in prompt if isinstance(p, str)]
+
+
+def utf8_length(texts: list[str]) -> int:
+    """The UTF-8 size of ``texts`` in bytes, encoded 64 Ki characters at a time (flat memory)."""
+    n = 0
+    for t in texts:
+        if t.isascii():
+            n += len(t)
+        else:
+            n += sum(len(t[i:i + 65536].encode("utf-8", "surrogatepass"))
+                     for i in range(0, len(t), 65536))
+    return n
+
+
+def count_prompt_upto(
+    doc: dict[str, Any],
+    kind: Literal["chat", "completion"],
+    limit: int | None,
+    encoding: EncodingName = DEFAULT_ENCODING,
+) -> PromptCount:
+    """Prompt tokens of a request document of ``kind`` (the handler's endpoint kind), counting
+    no further than needed to prove the prompt has more than ``limit`` tokens (None: count it
+    all): before any encoding when its UTF-8 bytes alone prove it (``max_token_chars``), else as
+    soon as the tokens counted plus the fewest the rest can hold pass ``limit``. So a prompt
+    that cannot fit costs the encoding of about ``limit`` tokens (at most
+    ``limit × max_token_chars`` characters), whatever its size. Texts are counted through
+    ``BLOCKS`` (per prefix block), so each turn of a growing conversation encodes only what is
+    new."""
+    fixed, texts = _chat_parts(doc) if kind == "chat" else _completion_parts(doc)
+    room = None if limit is None else limit - fixed
+    if room is not None:  # a token is at most max_token_chars bytes: the bytes alone may prove it
+        least = -(-utf8_length(texts) // max_token_chars(encoding))
+        if least > room:
+            return PromptCount(fixed + least, True)
     enc = get_encoding(encoding)
-    total = 0
 
     def encode_len(text: str) -> int:
         return len(enc.encode_ordinary(text))
 
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        texts: list[str] = []
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            total += TOKENS_PER_MESSAGE
-            texts.extend(_message_texts(message))
-            if "name" in message:
-                total += TOKENS_PER_NAME
-        total += REPLY_PRIMING_TOKENS + BLOCKS.count(encoding, texts, encode_len)
-    tools = doc.get("tools")
-    if tools:
-        total += len(enc.encode_ordinary(orjson.dumps(tools).decode()))
-    return total
+    n, stopped = BLOCKS.count_upto(encoding, texts, encode_len, room, max_token_chars(encoding))
+    return PromptCount(fixed + n, stopped)
+
+
+def count_chat_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAULT_ENCODING) -> int:
+    """Prompt tokens of a ``/v1/chat/completions`` request document (``messages``, ``tools``)
+    by the cookbook rule (module docstring), all of them (``count_prompt_upto``)."""
+    return count_prompt_upto(doc, "chat", None, encoding).tokens
 
 
 def count_completion_prompt(doc: dict[str, Any], encoding: EncodingName = DEFAULT_ENCODING) -> int:
     """Prompt tokens of a ``/v1/completions`` request: ``prompt`` as a string, a list of
     strings, a list of token ids or a list of such lists (token ids count as given)."""
-    prompt = doc.get("prompt")
-    if isinstance(prompt, str):  # a growing prompt string: per prefix block too
-        enc = get_encoding(encoding)
-        return BLOCKS.count(encoding, [prompt], lambda t: len(enc.encode_ordinary(t)))
-    if not isinstance(prompt, list):
-        return 0
-    if all(isinstance(p, int) for p in prompt):
-        return len(prompt)
-    total = 0
-    for p in prompt:
-        if isinstance(p, str):
-            total += count_text(p, encoding)
-        elif isinstance(p, list):
-            total += len(p)
-    return total
+    return count_prompt_upto(doc, "completion", None, encoding).tokens
 
 
 def count_prompt(
@@ -250,9 +328,7 @@ def count_prompt(
     encoding: EncodingName = DEFAULT_ENCODING,
 ) -> int:
     """Prompt tokens of a request document of ``kind`` (the handler's endpoint kind)."""
-    if kind == "chat":
-        return count_chat_prompt(doc, encoding)
-    return count_completion_prompt(doc, encoding)
+    return count_prompt_upto(doc, kind, None, encoding).tokens
 
 
 async def count_prompt_async(
@@ -264,9 +340,23 @@ async def count_prompt_async(
 ) -> int:
     """``count_prompt`` inline for small requests, in a worker thread when ``size_hint`` (the
     request body's length in bytes) exceeds ``OFFLOAD_CHARS``."""
+    return (await count_prompt_upto_async(doc, kind, None, size_hint=size_hint,
+                                          encoding=encoding)).tokens
+
+
+async def count_prompt_upto_async(
+    doc: dict[str, Any],
+    kind: Literal["chat", "completion"],
+    limit: int | None,
+    *,
+    size_hint: int,
+    encoding: EncodingName = DEFAULT_ENCODING,
+) -> PromptCount:
+    """``count_prompt_upto`` inline for small requests, in a worker thread when ``size_hint``
+    (the request body's length in bytes) exceeds ``OFFLOAD_CHARS``."""
     if size_hint > OFFLOAD_CHARS:
-        return await asyncio.to_thread(count_prompt, doc, kind, encoding)
-    return count_prompt(doc, kind, encoding)
+        return await asyncio.to_thread(count_prompt_upto, doc, kind, limit, encoding)
+    return count_prompt_upto(doc, kind, limit, encoding)
 
 
 async def count_text_async(text: str, encoding: EncodingName = DEFAULT_ENCODING) -> int:
@@ -274,64 +364,6 @@ async def count_text_async(text: str, encoding: EncodingName = DEFAULT_ENCODING)
     if len(text) > OFFLOAD_CHARS:
         return await asyncio.to_thread(count_text, text, encoding)
     return count_text(text, encoding)
-
-
-def completion_text(chunks: list[bytes]) -> str:
-    """The generated text of relayed stream chunks (SSE ``data`` payloads, JSON), for counting
-    output tokens of a stream that ended without usage: every choice's ``delta.content``,
-    ``delta.reasoning`` (vLLM ≥ 0.32) or ``reasoning_content``, tool-call ``arguments`` and
-    names (chat) or ``text`` (completions). Payloads that are not JSON objects (``[DONE]``,
-    errors) are skipped."""
-    parts: list[str] = []
-    for data in chunks:
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        choices = doc.get("choices") if isinstance(doc, dict) else None
-        if not isinstance(choices, list):
-            continue
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            if isinstance(choice.get("text"), str):
-                parts.append(choice["text"])
-            delta = choice.get("delta")
-            if not isinstance(delta, dict):
-                continue
-            for key in ("content", "reasoning", "reasoning_content"):
-                if isinstance(delta.get(key), str):
-                    parts.append(delta[key])
-            for call in delta.get("tool_calls") or ():
-                fn = call.get("function") if isinstance(call, dict) else None
-                if isinstance(fn, dict):
-                    parts.extend(
-                        v for k in ("name", "arguments") if isinstance(v := fn.get(k), str)
-                    )
-    return "".join(parts)
-
-
-def response_text(doc: dict[str, Any]) -> str:
-    """The generated text of a non-streaming response document: every choice's
-    ``message.content``, ``message.reasoning`` or ``reasoning_content`` and tool-call names
-    and ``arguments`` (chat) or ``text`` (completions)."""
-    parts: list[str] = []
-    for choice in doc.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        if isinstance(choice.get("text"), str):
-            parts.append(choice["text"])
-        msg = choice.get("message")
-        if not isinstance(msg, dict):
-            continue
-        for key in ("content", "reasoning", "reasoning_content"):
-            if isinstance(msg.get(key), str):
-                parts.append(msg[key])
-        for call in msg.get("tool_calls") or ():
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict):
-                parts.extend(v for k in ("name", "arguments") if isinstance(v := fn.get(k), str))
-    return "".join(parts)
 
 
 def estimate_usage_sync(

@@ -88,8 +88,9 @@ def _numbers(pattern: str, message: str) -> list[int]:
     return [int(g) for g in m.groups()]
 
 
-VLLM_PROMPT = (r"This model's maximum context length is (\d+) tokens\. However, your request has "
-               r"(\d+) input tokens\. Please reduce the length of the input messages\.")
+VLLM_PROMPT = (r"This model's maximum context length is (\d+) tokens\. However, your request "
+               r"has (?:at least )?(\d+) input tokens\. Please reduce the length of the input "
+               r"messages\.")
 VLLM_CAP = (r"'max_tokens' or 'max_completion_tokens' is too large: (\d+)\. This model's "
             r"maximum context length is (\d+) tokens and your request has (\d+) input tokens "
             r"\((\d+) > (\d+) - (\d+)\)\.")
@@ -109,7 +110,7 @@ def test_fits_nowhere_is_refused_at_once_in_each_apis_words(stack: Stack) -> Non
     assert e.value.status_code == 400 and err["code"] == "context_length_exceeded"
     assert err["type"] == "invalid_request_error" and err["param"] == "messages"
     limit, prompt = _numbers(VLLM_PROMPT, err["message"])
-    assert limit == LARGE and 70_000 <= prompt < 70_100  # the gateway's count of the prompt
+    assert limit == LARGE and LARGE < prompt < 70_100  # counted up to past the largest limit
     # the output cap counts: a prompt that fits, asking for more output than room is left
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, max_completion_tokens=60_000,
@@ -126,7 +127,7 @@ def test_fits_nowhere_is_refused_at_once_in_each_apis_words(stack: Stack) -> Non
     assert ae.value.status_code == 400 and ae.value.body["type"] == "error"
     assert ae.value.body["error"]["type"] == "invalid_request_error"
     prompt, limit = _numbers(ANTHROPIC_PROMPT, ae.value.body["error"]["message"])
-    assert limit == LARGE and 70_000 <= prompt < 70_100
+    assert limit == LARGE and LARGE < prompt < 70_100  # a lower bound past the limit
     assert ae.value.body["error"]["message"] in str(ae.value)  # what an agent matches on
     with pytest.raises(anthropic.BadRequestError) as ae:  # Claude Code's shape: a big cap
         ac.messages.create(model=MODEL, max_tokens=20_000,
@@ -175,3 +176,25 @@ def test_models_carry_the_smallest_max_model_len_a_request_may_reach(stack: Stac
     assert engine == FAST  # the same field as the engine's own
     c = openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0)
     assert c.models.retrieve(f"{MODEL}-fast").model_extra["max_model_len"] == FAST
+
+
+def test_a_prompt_that_cannot_fit_is_counted_only_up_to_the_largest_context(stack: Stack) -> None:
+    """~1.2M tokens (5 MiB, sent gzip'd) against 64k at most: the refusal's count is a lower
+    bound just past the largest context, so the gateway encoded ~64k tokens, not 1.2M; the
+    count named is at least the largest context and says so."""
+    import gzip
+    import json
+    import re
+
+    text = "stop " * 1_200_000  # not a prefix another test sent (counts are cached by block)
+    body = gzip.compress(json.dumps({"model": MODEL, "max_tokens": 8,
+                                     "messages": [{"role": "user", "content": text}]}).encode())
+    r = httpx.post(stack.base_url + "/v1/chat/completions", content=body, timeout=60,
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded"
+    found = re.search(r"your request has at least (\d+) input tokens", err["message"])
+    assert found is not None, err["message"]
+    counted = int(found[1])
+    assert LARGE < counted < LARGE + 2 * 2048  # stopped within a block or two past 64k

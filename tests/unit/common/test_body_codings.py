@@ -16,6 +16,7 @@ import pytest
 import zstandard
 
 from gateway.asgi import read_body
+from gateway.common.body_codings import OFFLOAD_BYTES, coding_list, decode_body, decode_chunk
 from gateway.errors import BodyTooLarge, InvalidRequest, UnsupportedMediaType
 from loadtests.bench_body_bomb import MIB, bomb
 
@@ -30,7 +31,8 @@ ENCODE = {
 }
 
 
-def read(chunks: list[bytes], coding: str | None, limit: int = 4 * MIB) -> bytes:
+def read(chunks: list[bytes], coding: str | list[str] | None, limit: int = 4 * MIB) -> bytes:
+    """``read_body`` of ``chunks`` with one ``content-encoding`` field line per value."""
     it = iter(chunks)
 
     async def receive() -> dict[str, Any]:
@@ -38,8 +40,8 @@ def read(chunks: list[bytes], coding: str | None, limit: int = 4 * MIB) -> bytes
         return {"type": "http.request", "body": chunk, "more_body": bool(chunk)}
 
     headers = [(b"content-type", b"application/json")]
-    if coding is not None:
-        headers.append((b"content-encoding", coding.encode()))
+    for value in [coding] if isinstance(coding, str) else coding or []:
+        headers.append((b"content-encoding", value.encode()))
     return asyncio.run(read_body({"headers": headers}, receive, limit))
 
 
@@ -68,8 +70,9 @@ def test_no_coding_is_the_body_as_sent(value: str | None) -> None:
     assert read(pieces(BODY, 1000), value) == BODY
 
 
-@pytest.mark.parametrize("value", ["compress", "gzip, br", "snappy"])
-def test_unknown_or_stacked_coding_is_415(value: str) -> None:
+@pytest.mark.parametrize("value", ["compress", "gzip, snappy", "snappy",
+                                   "gzip, gzip, gzip, gzip"])
+def test_unknown_coding_or_more_than_three_is_415(value: str) -> None:
     with pytest.raises(UnsupportedMediaType) as e:
         read([gzip.compress(BODY)], value)
     assert e.value.status == 415 and e.value.param == "content-encoding"
@@ -151,3 +154,112 @@ def test_inflation_past_the_ratio_is_413_and_below_it_is_served(coding: str) -> 
     assert read([packed], coding, limit=64 * MIB) == ordinary
     # in the chunks a server hands over (Brotli keeps undecoded input inside past its limit)
     assert read(pieces(packed, 65536), coding, limit=64 * MIB) == ordinary
+
+
+def _stacked(body: bytes, codings: list[str]) -> bytes:
+    """``body`` with ``codings`` applied in order (the first listed applied first)."""
+    for c in codings:
+        body = ENCODE[c](body)
+    return body
+
+
+@pytest.mark.parametrize("fields", [
+    ["gzip, br"],  # one field line
+    ["gzip", "br"],  # two field lines: one list, in order (RFC 9110 §5.3)
+    ["identity", "gzip", " br "],
+    ["deflate", "zstd, gzip"],
+])
+def test_repeated_or_listed_codings_are_decoded_last_to_first(fields: list[str]) -> None:
+    codings = [c.strip() for f in fields for c in f.split(",") if c.strip() != "identity"]
+    data = _stacked(BODY, codings)
+    assert read(pieces(data, 999), fields) == BODY
+    assert asyncio.run(decode_body(fields, data, 4 * MIB)) == BODY
+
+
+def test_the_proxy_reads_every_field_line_not_the_first() -> None:
+    """Two lines, gzip then br: the body is br(gzip(json)). Read as its first line only
+    (gzip) it was a corrupt-gzip 400; read as the last (br) a 400 on the JSON."""
+    assert read([_stacked(BODY, ["gzip", "br"])], ["gzip", "br"]) == BODY
+    assert coding_list(["gzip", "br"]) == ["gzip", "br"]
+    assert coding_list("GZIP, identity") == ["gzip"]
+
+
+def test_a_bomb_nested_in_two_codings_is_413() -> None:
+    """gzip inside gzip: each stage is bounded, and the chain holds the decoded body to the
+    inflation ratio over the bytes received."""
+    nested = _stacked(bytes(64 * MIB), ["gzip", "gzip"])
+    assert len(nested) < 64 * 1024
+    with pytest.raises(BodyTooLarge):
+        read(pieces(nested, 4096), ["gzip", "gzip"], limit=64 * MIB)
+
+
+def test_decode_body_is_the_body_itself_without_a_coding_and_raises_the_edges_errors() -> None:
+    assert asyncio.run(decode_body([], BODY, MIB)) == BODY
+    assert asyncio.run(decode_body(["identity"], BODY, MIB)) == BODY
+    with pytest.raises(UnsupportedMediaType):
+        asyncio.run(decode_body(["lzma"], BODY, MIB))
+    with pytest.raises(BodyTooLarge):
+        asyncio.run(decode_body(["gzip"], gzip.compress(BODY), 1024))
+    with pytest.raises(InvalidRequest):
+        asyncio.run(decode_body(["gzip"], gzip.compress(BODY)[:100], MIB))
+
+
+def test_a_large_chunk_is_decoded_while_the_event_loop_runs(monkeypatch) -> None:
+    """The decoder of a large chunk waits (in its thread) for a task on the event loop to
+    run: decoded on the loop, that task could not run until the decode ended, and the
+    decoder sees the flag unset. A chunk under ``OFFLOAD_BYTES`` is decoded inline."""
+    import threading
+
+    import gateway.asgi as asgi_mod
+    real = asgi_mod.body_decoder
+    ran_during: list[bool] = []
+    loop_ran = threading.Event()
+
+    class Waiting:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def feed(self, data: bytes) -> bytes:
+            ran_during.append(loop_ran.wait(timeout=5))
+            return self.inner.feed(data)
+
+        def finish(self) -> bytes:
+            return self.inner.finish()
+
+    monkeypatch.setattr(asgi_mod, "body_decoder", lambda v, limit: Waiting(real(v, limit)))
+    varied = json.dumps({"model": "m", "messages": [{"role": "user", "content": " ".join(
+        str(i * 7919 % 100_003) for i in range(3000))}]}).encode()
+    data = gzip.compress(varied)
+    assert len(data) >= OFFLOAD_BYTES
+
+    async def main() -> bytes:
+        it = iter([data])
+
+        async def receive() -> dict[str, Any]:
+            chunk = next(it, b"")
+            return {"type": "http.request", "body": chunk, "more_body": bool(chunk)}
+
+        async def beside() -> None:
+            await asyncio.sleep(0)
+            loop_ran.set()
+
+        task = asyncio.ensure_future(beside())
+        scope = {"headers": [(b"content-type", b"application/json"),
+                             (b"content-encoding", b"gzip")]}
+        got = await read_body(scope, receive, 4 * MIB)
+        await task
+        return got
+
+    assert asyncio.run(main()) == varied
+    assert ran_during == [True]
+
+    async def small() -> int:
+        from unittest import mock
+        with mock.patch("asyncio.to_thread", wraps=asyncio.to_thread) as spy:
+            decoder = real(["gzip"], MIB)
+            assert decoder is not None
+            out = await decode_chunk(decoder, gzip.compress(b'{"a": 1}'))
+            assert out == b'{"a": 1}'
+            return spy.call_count
+
+    assert asyncio.run(small()) == 0

@@ -51,3 +51,18 @@ async def test_picker_unknown_content_encoding_is_415(picker) -> None:  # noqa: 
     assert last.HasField("immediate_response")
     assert last.immediate_response.status.code == 415, last.immediate_response
     assert json.loads(last.immediate_response.body)["error"]["code"] == "unsupported_media_type"
+
+
+async def test_picker_reads_every_content_encoding_field_line(picker) -> None:  # noqa: F811
+    """Two field lines, ``gzip`` then ``br``: one list (RFC 9110), the body br(gzip(json))
+    decoded last coding first, as the proxy reads it (it was read as its last line only)."""
+    import brotli
+
+    _, stub, _ = picker
+    req = _encoded_headers("gzip")
+    req.request_headers.headers.headers.add(key="content-encoding", raw_value=b"br")
+    out = await _process(stub, [req, _body(brotli.compress(gzip.compress(_chat())))])
+    assert not any(r.HasField("immediate_response") for r in out), out[-1]
+    sent = b"".join(r.request_body.response.body_mutation.streamed_response.body
+                    for r in out[1:] if r.HasField("request_body"))
+    assert json.loads(sent)["messages"]

@@ -160,3 +160,43 @@ def test_an_entry_that_does_not_fit_its_block_is_not_trusted() -> None:
     counts._entries[keys[-1]] = (999, 7, 3)  # another conversation's text 7
     counts._entries[keys[0]] = (999, 0, 500)  # a cut past the block's end
     assert counts.count("cl100k_base", texts, length) == length(texts[0]) + length(texts[1])
+
+
+DENSE = ["日本語テキスト", "，", "。", "漢字", "42", "3.14", "x=1;", "foo(bar)", "don't", "Ωμέγα",
+         "naïve", "😀", "---", "'s", "é", "\u0301", "١٢٣", "ǅ", "ABC", "abc", "[]", "a1b2",
+         "1234567890" * 30, "7" * 301, "漢" * 200]
+
+
+@pytest.mark.parametrize("encoding", ["cl100k_base", "o200k_base"])
+@pytest.mark.parametrize("seed", range(6))
+def test_text_without_spaces_is_cut_by_class_and_still_counted_exactly(
+    encoding: str, seed: int
+) -> None:
+    """CJK prose, code and numbers have no letter-then-space: they are cut where the class
+    changes (a letter then a digit or punctuation...), and every count stays a full encode's."""
+    rng = random.Random(seed)
+    enc = tokencount.get_encoding(encoding)  # type: ignore[arg-type]
+    whole = "".join(rng.choice(DENSE) for _ in range(1500))
+    counts = BlockCounts(block_chars=rng.choice([64, 100, 257]))
+    calls: list[int] = []
+
+    def encode_len(t: str) -> int:
+        calls.append(len(t))
+        return len(enc.encode_ordinary(t))
+
+    for end in [*sorted(rng.sample(range(1, len(whole)), 6)), len(whole)]:
+        assert counts.count(encoding, [whole[:end]], encode_len) == len(
+            enc.encode_ordinary(whole[:end]))
+    assert max(calls) < 1000  # cut inside: no call took the whole text
+
+
+def test_safe_cut_without_spaces_takes_a_change_of_class() -> None:
+    assert safe_cut("漢字，漢字", 0, 4) == 2  # letter | punctuation
+    assert safe_cut("abc123", 0, 5) == 3  # letter | digit
+    assert safe_cut("123abc", 0, 5) == 3  # digit | letter
+    assert safe_cut(",,,abc", 0, 5) == 0  # punctuation | letter: ",abc" is one pre-token
+    assert safe_cut("don't", 0, 4) == 0  # o200k keeps "don't" whole
+    assert safe_cut("x=1", 0, 2) == 2  # punctuation | digit
+    assert safe_cut("1234567", 0, 6) == 6  # "123" "456" | "7"
+    assert safe_cut("1234567", 3, 5) == 3  # from a cut at 3: the next one is at 6
+    assert safe_cut("12345 ", 0, 5) == 3  # whole groups of three from the cut
