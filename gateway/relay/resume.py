@@ -55,7 +55,8 @@ async def relay_resumable(
     attempt's result; on failure its in-band error event has been sent (when the last attempt
     diverged, the error of the replica's break before it: what the client is told broke its
     stream). Records each break in ``rec.resumes`` and ``speedgate_resumes_total``, and the
-    broken replica's failure for outlier ejection; a continuation on another tier in
+    broken replica's failure for outlier ejection (a divergence is none: its replica is
+    neither counted nor excluded from the continuations); a continuation on another tier in
     ``rec.fallback`` (``<tier>:resume-<reason>``: the access log, and ``x-speedgate-fallback``
     of a JSON answer, whose headers are not sent yet) and ``speedgate_fallbacks_total``."""
     state, body, protocol, rec = ex.state, ex.body, ex.protocol, ex.rec
@@ -118,7 +119,8 @@ async def relay_resumable(
                      rec.request_id, reason, att.replica.name, rule)
             break
         entry["carried_chars"] = len(point.text) + len(point.reasoning)
-        res.failed.append(att.replica)
+        if not diverged:  # a divergence is the healing's: its replica may continue again
+            res.failed.append(att.replica)
         nxt = await open_continuation(ex, res, att.pool, point)
         if nxt is None:
             entry.update(outcome="failed", rule=res.stopped or "no-replica")
