@@ -21,6 +21,7 @@ from email.utils import parsedate_to_datetime
 import orjson
 
 from gateway.common.sse import SSEEvent
+from gateway.common.usage import Usage
 from gateway.errors import (
     GatewayError,
     UnreadableResponse,
@@ -57,10 +58,11 @@ class RetryableFailure(Exception):
     ``stream-4xx``) and
     ``error`` what the client gets if no other attempt succeeds."""
 
-    def __init__(self, reason: str, error: GatewayError) -> None:
+    def __init__(self, reason: str, error: GatewayError, usage: Usage | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
+        self.usage = usage  # what the engine reported it consumed (e.g. ``response.failed``)
 
     @property
     def replica_fault(self) -> bool:
@@ -243,10 +245,11 @@ async def _read_until_content(
                     # the engine failed before any output: another replica may still serve.
                     # A 4xx code may be the request's fault or the replica's (vLLM gives any
                     # exception in generation code 400): failover tells them apart
+                    usage = _event_usage(protocol, ev)
                     if isinstance(err, UpstreamOverloaded):
-                        raise RetryableFailure(OVERLOADED, err)
+                        raise RetryableFailure(OVERLOADED, err, usage)
                     raise RetryableFailure(STREAM_4XX if is_client_fault(err) else "engine-error",
-                                           err)
+                                           err, usage)
                 if kind == HEAD_MALFORMED:
                     raise RetryableFailure(
                         "malformed", UpstreamError("engine sent a malformed response")
@@ -258,6 +261,19 @@ async def _read_until_content(
         if found:
             return head
     raise UpstreamBrokenError("stream ended before the first content event")
+
+
+def _event_usage(protocol: Protocol, ev: SSEEvent) -> Usage | None:
+    """The usage an engine's error event reports (a Responses ``response.failed`` carries its
+    response's ``usage``; a chat error chunk may carry ``usage``), None when it reports none."""
+    try:
+        doc = orjson.loads(ev.data or b"")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    inner = doc.get("response")
+    return protocol.json_usage(inner if isinstance(inner, dict) else doc)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gateway.common.usage import add_usage
 from gateway.errors import (
     EngineClientError,
     GatewayError,
@@ -24,6 +25,7 @@ from gateway.fleet.pools import Pool, Replica
 from gateway.plan.chain import Plan
 from gateway.routing import RouteRequest, pick_replica
 from gateway.routing.keys import affinity_id
+from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import AttemptTrace
 from gateway.upstream.attempt import (
@@ -185,6 +187,7 @@ async def open_with_failover(
             try:
                 opened = await open_attempt(state.upstream, attempt)
             except RetryableFailure as f:
+                _note_spent(rec, pool, f)
                 if body_suspect is not None and body_suspect.same(f):
                     # two replicas failed this body alike: the body's fault, nobody's failure
                     span.end("body-fault", status=f.error.status)
@@ -289,6 +292,15 @@ def _note_retryable(
         state.metrics.record_timeout(pool, "connect")
     if counts and f.replica_fault:
         pool.record_failure(replica, now)
+
+
+def _note_spent(rec: RequestRecord, pool: Pool, f: RetryableFailure) -> None:
+    """Add what a failed attempt's engine reported it consumed (``f.usage``) to ``rec.spent``
+    and its cost at ``pool``'s prices to ``rec.spent_cost_usd``."""
+    if f.usage is None:
+        return
+    rec.spent = f.usage if rec.spent is None else add_usage(rec.spent, f.usage)
+    rec.spent_cost_usd += cost_usd(f.usage, pool.config.prices, rec.flex)
 
 
 def _note_failure(
