@@ -35,14 +35,10 @@ from gateway.upstream.attempt import OpenedResponse
 from gateway.upstream.continuation import Resumption, open_continuation
 from gateway.upstream.deps import StepDeps
 from gateway.upstream.exchange import Exchange
+from gateway.upstream.failures import Failure, traits
 
 log = logging.getLogger("speedgate.resume")
 
-# breaks that say nothing about another replica's chances: not continued
-NOT_RESUMABLE = frozenset({"total-timeout", "unreadable"})
-# breaks that are no replica's failure (outlier ejection): those, and a continuation whose
-# regenerated word differs from the one relayed (token healing, ``OpenAISplice``)
-NOT_THE_REPLICAS = NOT_RESUMABLE | {"diverged"}
 
 
 async def relay_resumable(
@@ -76,7 +72,7 @@ async def relay_resumable(
         )
         if result.ok or result.error is None:
             return result
-        if result.reason == "client-error":
+        if result.reason == Failure.CLIENT_ERROR:
             # the engine's in-stream 4xx after output: not resumed, ends in-band (an assembled
             # answer: that 4xx); the replica's failure, since a client's invalid request fails
             # before generation (vLLM gives any exception in generation code 400)
@@ -87,7 +83,7 @@ async def relay_resumable(
             break
         diverged = getattr(current, "diverged", False)
         if diverged:  # the engine answered; the healed tail came back otherwise (sampling)
-            result.reason = "diverged"
+            result.reason = Failure.DIVERGED
         else:
             cause = result
         _note_break(state, opened, result)
@@ -142,7 +138,7 @@ async def relay_resumable(
         state.metrics.record_resume(att.pool, reason, "resumed")
         attempts.append(nxt)
         current = codec.continuation(point, carried)
-    if result.reason == "diverged" and cause is not None:
+    if result.reason == Failure.DIVERGED and cause is not None:
         # a divergence is the healing's, not a failure: the client is told what broke the stream
         result.error, result.error_event = cause.error, cause.error_event
     await send({"type": "http.response.body", "body": result.error_event, "more_body": True})
@@ -185,7 +181,7 @@ def _produced_tokens(point: ResumePoint) -> int:
 def _refusal(cfg: Any, reason: str, resumes: int) -> str | None:
     """The rule that forbids continuing a break of ``reason`` after ``resumes`` continuations
     in a pool with resume config ``cfg``; None when the gateway may try."""
-    if reason in NOT_RESUMABLE:
+    if not traits(reason).resumable:  # says nothing about another replica's chances
         return reason
     if not cfg.enabled:
         return "disabled"
@@ -204,8 +200,8 @@ def _note_break(state: StepDeps, opened: OpenedResponse, result: StreamResult) -
         opened.span = None
     if isinstance(result.error, UpstreamTimeout):
         state.metrics.record_timeout(pool, result.error.stage)
-    if result.reason in NOT_THE_REPLICAS:
-        return
+    if not traits(result.reason or Failure.BROKEN_STREAM).replica_fault:
+        return  # the request's deadline, an unreadable event, a divergence
     pool.record_failure(replica, asyncio.get_running_loop().time())
 
 

@@ -42,14 +42,15 @@ from gateway.upstream.client import (
     UpstreamResponse,
     UpstreamUnreadable,
 )
+from gateway.upstream.failures import TRAITS, Failure, failure_kind, http_reason
 
 RETRYABLE_STATUSES = frozenset({408, 429})
 #: reason of an in-stream error event with a client's 4xx code before any content: the
 #: request's fault or the replica's, which only another replica's answer tells (failover)
-STREAM_4XX = "stream-4xx"
+STREAM_4XX = Failure.STREAM_4XX
 #: reason of an engine that said it is overloaded (HTTP 529, an ``overloaded_error`` before any
 #: content): busy like a 429, not broken; retried elsewhere, not an outlier failure
-OVERLOADED = "overloaded"
+OVERLOADED = Failure.OVERLOADED
 
 
 class RetryableFailure(Exception):
@@ -65,11 +66,16 @@ class RetryableFailure(Exception):
         self.usage = usage  # what the engine reported it consumed (e.g. ``response.failed``)
 
     @property
+    def kind(self) -> Failure:
+        """The kind of this failure (``gateway.upstream.failures``)."""
+        return failure_kind(self.reason)
+
+    @property
     def replica_fault(self) -> bool:
-        """True when the failure says the replica is unhealthy (for outlier ejection); a 429
-        or 408 says it is busy, not broken; a ``stream-4xx`` is the replica's only once another
-        replica answered the request (failover records it then); an overload is busy too."""
-        return self.reason not in ("http-429", "http-408", STREAM_4XX, OVERLOADED)
+        """True when the failure says the replica is unhealthy (for outlier ejection):
+        ``TRAITS`` of its kind (a 429, 408 or overload says busy, not broken; a ``stream-4xx``
+        is the replica's only once another replica answered the request)."""
+        return TRAITS[self.kind].replica_fault
 
 
 @dataclass(slots=True)
@@ -179,9 +185,9 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                 if isinstance(err, UpstreamOverloaded):
                     raise RetryableFailure(OVERLOADED, err)
                 if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
-                    raise RetryableFailure(f"http-{resp.status}", err)
+                    raise RetryableFailure(http_reason(resp.status), err)
                 if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
-                    raise RetryableFailure(f"http-{resp.status}", err)
+                    raise RetryableFailure(http_reason(resp.status), err)
                 raise err
             if attempt.stream and not (attempt.json_ok and _is_json(resp)):
                 batches = resp.event_batches()
@@ -204,16 +210,16 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
                 # the client has stopped waiting: no other attempt would reach it
                 raise UpstreamTimeout("read", attempt.read_s or 0.0) from None
             raise RetryableFailure(
-                "ttft-timeout", UpstreamTimeout("ttft", timeouts.ttft_s)
+                Failure.TTFT_TIMEOUT, UpstreamTimeout("ttft", timeouts.ttft_s)
             ) from None
         if isinstance(e, UpstreamConnectError):
             raise RetryableFailure(
-                "connect-timeout" if e.timeout else "connect-error",
+                Failure.CONNECT_TIMEOUT if e.timeout else Failure.CONNECT_ERROR,
                 UpstreamError(f"cannot reach engine replica: {e}"),
             ) from None
         if isinstance(e, UpstreamBrokenError):
             raise RetryableFailure(
-                "broken-stream", UpstreamError(f"engine connection broke: {e}")
+                Failure.BROKEN_STREAM, UpstreamError(f"engine connection broke: {e}")
             ) from None
         if isinstance(e, UpstreamUnreadable):
             raise UnreadableResponse(f"engine response cannot be read: {e}") from None
@@ -248,11 +254,11 @@ async def _read_until_content(
                     usage = _event_usage(protocol, ev)
                     if isinstance(err, UpstreamOverloaded):
                         raise RetryableFailure(OVERLOADED, err, usage)
-                    raise RetryableFailure(STREAM_4XX if is_client_fault(err) else "engine-error",
-                                           err, usage)
+                    raise RetryableFailure(
+                        STREAM_4XX if is_client_fault(err) else Failure.ENGINE_ERROR, err, usage)
                 if kind == HEAD_MALFORMED:
                     raise RetryableFailure(
-                        "malformed", UpstreamError("engine sent a malformed response")
+                        Failure.MALFORMED, UpstreamError("engine sent a malformed response")
                     )
                 found = kind == HEAD_CONTENT
                 if heartbeat is not None and kind == HEAD_FRAME and protocol.is_ping(ev):
@@ -310,5 +316,6 @@ def _json_object(raw: bytes) -> dict:
     except orjson.JSONDecodeError:
         doc = None
     if not isinstance(doc, dict):
-        raise RetryableFailure("malformed", UpstreamError("engine sent a malformed response"))
+        raise RetryableFailure(Failure.MALFORMED,
+                               UpstreamError("engine sent a malformed response"))
     return doc
