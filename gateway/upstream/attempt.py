@@ -36,13 +36,12 @@ from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_FRAME, HEAD_MA
 from gateway.telemetry.tracing import AttemptTrace
 from gateway.upstream.client import (
     MAX_ERROR_BODY_BYTES,
-    Upstream,
     UpstreamBrokenError,
     UpstreamConnectError,
-    UpstreamResponse,
     UpstreamUnreadable,
 )
 from gateway.upstream.failures import TRAITS, Failure, failure_kind, http_reason
+from gateway.upstream.transport import UpstreamClient, UpstreamReply
 
 RETRYABLE_STATUSES = frozenset({408, 429})
 #: reason of an in-stream error event with a client's 4xx code before any content: the
@@ -118,7 +117,7 @@ class OpenedResponse:
     event (streams) or to the complete body. ``batches`` continues after ``head``."""
 
     attempt: Attempt
-    response: UpstreamResponse
+    response: UpstreamReply
     ttft_s: float
     head: list[SSEEvent] | None = None
     batches: AsyncIterator[list[SSEEvent]] | None = None
@@ -137,7 +136,7 @@ class OpenedResponse:
                                      id(self.attempt))
 
 
-async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
+async def open_attempt(upstream: UpstreamClient, attempt: Attempt) -> OpenedResponse:
     """Send the attempt and wait for its first content event (stream) or its body (JSON).
 
     Timeouts (``pool.config.timeouts``): ``connect_s`` for the TCP connect; ``ttft_s`` from
@@ -171,7 +170,7 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     attempt.replica.inflight_kv_tokens += attempt.kv_tokens
     if attempt.kv_tokens:
         attempt.replica.open_kv[id(attempt)] = (attempt.kv_tokens, attempt.output_cap, t_sent)
-    resp: UpstreamResponse | None = None
+    resp: UpstreamReply | None = None
     try:
         async with asyncio.timeout_at(limit):
             resp = await upstream.post(url, attempt.payload, headers, timeouts.connect_s)
@@ -303,7 +302,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return seconds if seconds >= 0 and math.isfinite(seconds) else None
 
 
-def _is_json(resp: UpstreamResponse) -> bool:
+def _is_json(resp: UpstreamReply) -> bool:
     """True when the engine answered a streamed request with a JSON body (it ignored
     ``stream``, as some OpenAI-compatible servers and proxies do)."""
     kind = resp.headers.get("content-type") or ""
