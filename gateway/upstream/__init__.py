@@ -14,8 +14,9 @@
   ``/tokenize``), which its output limit is shrunk by;
 - ``verdict``: what a failed attempt means (go on, answer now, whose failure to record: the
   stream-4xx diagnosis and the body rule), pure;
-- ``retry``: ``next_attempt`` (where the next attempt goes, or stop), backoff with full jitter (the retry budget and outlier state are the fleet's,
-  ``gateway.fleet``); ``deadline``: the request's total deadline from the client's headers;
+- ``retry``: ``next_attempt`` (where the next attempt goes, or stop), backoff with full
+  jitter (the retry budget and outlier state are the fleet's, ``gateway.fleet``);
+  ``deadline``: the request's total deadline from the client's headers;
 - ``deps``: ``StepDeps``, what these steps read from the gateway's state;
 - ``exchange``: ``Exchange``, the request context the handler builds once and every step from
   here up takes (body, plan, protocol, record, trace, attempts, relayed payloads, whether the
