@@ -175,19 +175,7 @@ async def open_attempt(upstream: UpstreamClient, attempt: Attempt) -> OpenedResp
         async with asyncio.timeout_at(limit):
             resp = await upstream.post(url, attempt.payload, headers, timeouts.connect_s)
             if resp.status != 200:
-                try:
-                    detail = await resp.read(MAX_ERROR_BODY_BYTES)
-                except UpstreamUnreadable:
-                    detail = b""  # the status still says what happened
-                retry_after = parse_retry_after(resp.headers.get("retry-after"))
-                err = parse_engine_error(resp.status, detail, retry_after)
-                if isinstance(err, UpstreamOverloaded):
-                    raise RetryableFailure(OVERLOADED, err)
-                if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
-                    raise RetryableFailure(http_reason(resp.status), err)
-                if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
-                    raise RetryableFailure(http_reason(resp.status), err)
-                raise err
+                raise await _refusal(resp)
             if attempt.stream and not (attempt.json_ok and _is_json(resp)):
                 batches = resp.event_batches()
                 head = await _read_until_content(batches, attempt.protocol, attempt.heartbeat)
@@ -201,28 +189,53 @@ async def open_attempt(upstream: UpstreamClient, attempt: Attempt) -> OpenedResp
         if resp is not None:
             resp.close()
         attempt.pool.release(attempt.replica, attempt.kv_tokens, id(attempt))
-        if isinstance(e, TimeoutError):
-            # which limit was in force, not the clock: timers may fire a little early
-            if limit >= attempt.deadline:
-                raise UpstreamTimeout("total", attempt.total_s) from None
-            if attempt.read_deadline is not None and limit >= attempt.read_deadline:
-                # the client has stopped waiting: no other attempt would reach it
-                raise UpstreamTimeout("read", attempt.read_s or 0.0) from None
-            raise RetryableFailure(
-                Failure.TTFT_TIMEOUT, UpstreamTimeout("ttft", timeouts.ttft_s)
-            ) from None
-        if isinstance(e, UpstreamConnectError):
-            raise RetryableFailure(
-                Failure.CONNECT_TIMEOUT if e.timeout else Failure.CONNECT_ERROR,
-                UpstreamError(f"cannot reach engine replica: {e}"),
-            ) from None
-        if isinstance(e, UpstreamBrokenError):
-            raise RetryableFailure(
-                Failure.BROKEN_STREAM, UpstreamError(f"engine connection broke: {e}")
-            ) from None
-        if isinstance(e, UpstreamUnreadable):
-            raise UnreadableResponse(f"engine response cannot be read: {e}") from None
-        raise
+        typed = _typed_failure(e, attempt, limit)
+        if typed is None:
+            raise
+        raise typed from None
+
+
+async def _refusal(resp: UpstreamReply) -> GatewayError | RetryableFailure:
+    """What an engine's answer other than 200 is: a ``RetryableFailure`` (an overload, a 5xx,
+    408, 429, or a status that is no OpenAI answer), else its 4xx (``EngineClientError``)."""
+    try:
+        detail = await resp.read(MAX_ERROR_BODY_BYTES)
+    except UpstreamUnreadable:
+        detail = b""  # the status still says what happened
+    retry_after = parse_retry_after(resp.headers.get("retry-after"))
+    err = parse_engine_error(resp.status, detail, retry_after)
+    if isinstance(err, UpstreamOverloaded):
+        return RetryableFailure(OVERLOADED, err)
+    if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
+        return RetryableFailure(http_reason(resp.status), err)
+    if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
+        return RetryableFailure(http_reason(resp.status), err)
+    return err
+
+
+def _typed_failure(e: BaseException, attempt: Attempt, limit: float) -> Exception | None:
+    """The gateway's exception for ``e`` that ended ``attempt`` (``limit``: the loop time of
+    the timeout in force), None to raise ``e`` as is."""
+    if isinstance(e, TimeoutError):
+        # which limit was in force, not the clock: timers may fire a little early
+        if limit >= attempt.deadline:
+            return UpstreamTimeout("total", attempt.total_s)
+        if attempt.read_deadline is not None and limit >= attempt.read_deadline:
+            # the client has stopped waiting: no other attempt would reach it
+            return UpstreamTimeout("read", attempt.read_s or 0.0)
+        ttft_s = attempt.pool.config.timeouts.ttft_s
+        return RetryableFailure(Failure.TTFT_TIMEOUT, UpstreamTimeout("ttft", ttft_s))
+    if isinstance(e, UpstreamConnectError):
+        return RetryableFailure(
+            Failure.CONNECT_TIMEOUT if e.timeout else Failure.CONNECT_ERROR,
+            UpstreamError(f"cannot reach engine replica: {e}"),
+        )
+    if isinstance(e, UpstreamBrokenError):
+        return RetryableFailure(Failure.BROKEN_STREAM,
+                                UpstreamError(f"engine connection broke: {e}"))
+    if isinstance(e, UpstreamUnreadable):
+        return UnreadableResponse(f"engine response cannot be read: {e}")
+    return None
 
 
 async def _read_until_content(
