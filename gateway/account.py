@@ -12,11 +12,12 @@ import asyncio
 import logging
 import time
 
+from gateway.common.usage import add_usage
 from gateway.fleet.rates import PoolRates
 from gateway.routing.keys import CONVERSATION, RESPONSES_CHAIN, session_key
 from gateway.state import GatewayState
 from gateway.telemetry.access_log import log_access
-from gateway.telemetry.cost import cost_usd
+from gateway.telemetry.cost import USD_DECIMALS, cost_usd
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import estimate_usage
 from gateway.telemetry.usage_store import UsageDelta
@@ -30,7 +31,9 @@ async def account(state: GatewayState, ex: Exchange) -> None:
     the auto tier and the console). When the engine reported no usage, it is estimated from
     the request's chat-shaped conversation (``ex.parsed``; none when it never parsed), counted
     with ``ex.protocol``'s rule, and the output: the stream payloads sent (``ex.relayed``) or
-    the JSON response (``ex.response_doc``). Whether the response had started
+    the JSON response (``ex.response_doc``). What attempts that failed before the answer consumed
+(``rec.spent``, ``rec.spent_cost_usd``: the engines' own reports) is added to the usage and
+cost, also of a request that was never answered. Whether the response had started
     (``ex.started``) is recorded as ``rec.response_started``. Never raises (a failure here is
     logged, the request is already answered)."""
     rec, trace, protocol, relayed = ex.rec, ex.trace, ex.protocol, ex.relayed
@@ -57,6 +60,9 @@ async def account(state: GatewayState, ex: Exchange) -> None:
             if pool is not None:
                 rec.cost_usd = cost_usd(rec.usage, pool.config.prices, rec.flex)
                 observe_rates(pool.rates, rec)  # the pool's (routing.kv_placement)
+        if rec.spent is not None:  # failed attempts' consumption, served or not
+            rec.usage = rec.spent if rec.usage is None else add_usage(rec.usage, rec.spent)
+            rec.cost_usd = round((rec.cost_usd or 0.0) + rec.spent_cost_usd, USD_DECIMALS)
     except (Exception, asyncio.CancelledError):
         log.exception("usage accounting failed for request %s", rec.request_id)
     state.metrics.record_request(rec)

@@ -51,8 +51,10 @@ class Faults(BaseModel):
         "a conversation continued from a summary)")
     continuation_diverges: bool = Field(
         False, description="a continuation (continue_final_message; a completions prompt "
-        "continuing its text) starts with '~' before what an uninterrupted generation has "
-        "there: sampling chose another token than the first attempt did")
+        "continuing its text) that regenerates a word (its carried text does not end in "
+        "whitespace: the gateway's token healing left the last word out) starts with '~' "
+        "before what an uninterrupted generation has there: sampling chose another token than "
+        "the first attempt did")
     # connection and protocol faults
     reset_after_chunks: int | None = Field(None, ge=0, description="abort TCP after N events")
     malformed_after_chunks: int | None = Field(None, ge=0)

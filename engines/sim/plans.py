@@ -135,6 +135,13 @@ def make_plans(
     return plans
 
 
+def _diverges(prefix: str | None, faults: Faults) -> bool:
+    """The ``continuation_diverges`` fault applies: a continuation that regenerates a word
+    (its carried text ends inside one; a whole text carried leaves nothing to diverge from)."""
+    return (faults.continuation_diverges and prefix is not None
+            and not prefix[-1:].isspace())
+
+
 def _plan(
     idx: int, body: dict[str, Any], prompt: Prompt, i: int, limit: int, natural: int,
     faults: Faults, gen: TextGen, tool: str | None, stops: list[str], ignore_eos: bool,
@@ -145,7 +152,7 @@ def _plan(
         if after is None:
             chunks = _scripted_rest(faults.chunks, prefix or "")
             items = [("c", c) for c in chunks] or [("c", "")]
-            if prefix is not None and faults.continuation_diverges:
+            if _diverges(prefix, faults):
                 items[0] = ("c", "~" + items[0][1])
             return Plan(idx, items, "stop", True)
         name = tool or "tool"
@@ -173,7 +180,7 @@ def _plan(
     if prefix is None:
         pieces = gen.pieces(prompt.key, i, count)
     pieces = list(pieces[:count])
-    if prefix is not None and faults.continuation_diverges and pieces:
+    if _diverges(prefix, faults) and pieces:
         pieces[0] = "~" + pieces[0]
     pieces, stopped = apply_stop(pieces, stops)
     if stopped:

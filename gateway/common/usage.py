@@ -28,3 +28,8 @@ class Usage:
         if not all(type(v) is int and v >= 0 for v in (prompt, completion, cached)):
             return None
         return cls(prompt, completion, min(cached, prompt))
+
+
+def add_usage(a: Usage, b: Usage) -> Usage:
+    """The sum of two usages (tokens of two attempts of one request)."""
+    return Usage(a.prompt + b.prompt, a.completion + b.completion, a.cached + b.cached)

@@ -72,7 +72,10 @@ class UpstreamConfig(_Strict):
     max_connections: int = Field(
         0, ge=0, description="Total pooled connections to all replicas; 0 = unlimited."
     )
-    keepalive_timeout_s: float = Field(30.0, gt=0)
+    # below the engines' own idle timeout (vLLM closes an idle connection after 5 s:
+    # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, uvicorn's timeout_keep_alive), so the gateway seldom sends
+    # on a connection the engine is closing (``Upstream.post`` resends what one cuts)
+    keepalive_timeout_s: float = Field(4.0, gt=0)
 
 
 class HealthConfig(_Strict):

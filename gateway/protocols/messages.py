@@ -130,7 +130,9 @@ class MessagesStream(StreamCodec):
             return FRAME, named_event(kind, data)
         if kind == "message_stop":
             return DONE, named_event(kind, data)
-        if kind == "error":
+        if kind == "error" or (kind is None and "error" in doc):
+            # an Anthropic ``error`` event, or an OpenAI-shaped ``{"error": ...}`` (an engine's
+            # generic error path): one Anthropic error event with the engine's message
             self.error = _engine_error(doc)
             return ERROR, self.error_event(self.error)
         if kind == "content_block_start":
@@ -162,10 +164,11 @@ class MessagesStream(StreamCodec):
 
 
 def _engine_error(doc: dict[str, Any]) -> GatewayError:
-    """The client-facing error of an engine's ``error`` event (its message kept):
+    """The client-facing error of an engine's ``error`` event, Anthropic- or OpenAI-shaped
+    (``{"error": {"message": ...}}`` or ``{"error": "..."}``; its message kept):
     ``UpstreamOverloaded`` for an ``overloaded_error``, else ``UpstreamError``."""
     inner = doc.get("error")
-    message = inner.get("message") if isinstance(inner, dict) else None
+    message = inner.get("message") if isinstance(inner, dict) else inner
     if isinstance(inner, dict) and inner.get("type") == OVERLOADED_TYPE:
         return UpstreamOverloaded(f"engine overloaded: {message or 'overloaded'}")
     return UpstreamError(f"engine error: {message if isinstance(message, str) else 'unknown'}")

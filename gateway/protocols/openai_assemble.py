@@ -7,9 +7,10 @@ parsing them (a byte check finds a malformed or error event); at the end one par
 payloads builds the response the engine would have sent for the non-stream request: vLLM's
 ``ChatCompletionResponse`` / ``CompletionResponse`` shape (``vllm/entrypoints/openai/
 protocol.py``): choices in index order with the message (``content``, ``reasoning``,
-``tool_calls`` merged by index), ``logprobs`` concatenated, ``finish_reason`` and
-``stop_reason``; ``usage`` (with ``prompt_tokens_details``) and ``system_fingerprint`` from the
-usage chunk; ``service_tier`` and ``model`` rewritten like any JSON answer.
+``tool_calls`` merged by index, by ``id`` without one), ``logprobs`` concatenated,
+``finish_reason`` and ``stop_reason``; ``usage`` (with ``prompt_tokens_details``) and
+``system_fingerprint`` from the usage chunk; ``service_tier`` and ``model`` rewritten like any
+JSON answer.
 """
 
 from __future__ import annotations
@@ -188,9 +189,9 @@ class _Choice:
     ``prompt_token_ids`` (completions) the first sent, ``finish_reason`` and ``stop_reason``;
     other delta and choice fields passed through (``_concat``)."""
 
-    __slots__ = ("calls", "chat", "extra", "finish", "function_call", "index", "logprobs",
-                 "message", "prompt_ids", "reasoning", "reasoning_key", "stop", "text",
-                 "token_ids")
+    __slots__ = ("call_ids", "calls", "chat", "extra", "finish", "function_call", "index",
+                 "logprobs", "message", "prompt_ids", "reasoning", "reasoning_key", "stop",
+                 "text", "token_ids")
 
     def __init__(self, index: int, chat: bool) -> None:
         self.index, self.chat = index, chat
@@ -198,6 +199,7 @@ class _Choice:
         self.reasoning: list[str] = []
         self.reasoning_key = False  # the engine wrote ``reasoning_content`` (vLLM < 0.32)
         self.calls: dict[int, dict[str, Any]] = {}
+        self.call_ids: dict[str, int] = {}  # a call's ``id`` → its key in ``calls``
         self.function_call: dict[str, Any] | None = None
         self.logprobs: dict[str, Any] | None = None
         self.message: dict[str, Any] = {}  # refusal and the delta fields passed through
@@ -239,8 +241,7 @@ class _Choice:
         if isinstance(calls, list):
             for position, call in enumerate(calls):
                 if isinstance(call, dict):
-                    i = call.get("index")
-                    self._call(i if type(i) is int else position, call)
+                    self._call(self._call_key(call, position), call)
         if len(delta) > 1 or "content" not in delta:  # not a plain content delta
             self._rest(delta)
 
@@ -271,6 +272,27 @@ class _Choice:
             for key, value in delta.items():
                 if key not in _ASSEMBLED_DELTA:
                     _concat(self.message, key, value)
+
+    def _call_key(self, call: dict[str, Any], position: int) -> int:
+        """Which call a streamed tool-call delta continues: its ``index`` (OpenAI, vLLM); without
+        one (Gemini's and Ollama's OpenAI-compatible streams send each call whole, at position
+        0 of its chunk) the call of the same ``id``, a new call for a new ``id``, and for a
+        delta with neither the last call (or its position when there is none)."""
+        i = call.get("index")
+        if type(i) is int:
+            key = i
+        else:
+            ident = call.get("id")
+            if isinstance(ident, str) and ident:
+                key = self.call_ids.get(ident, -1)
+                if key < 0:
+                    key = max(self.calls, default=-1) + 1
+            else:
+                return max(self.calls) if self.calls else position
+        ident = call.get("id")
+        if isinstance(ident, str) and ident:
+            self.call_ids.setdefault(ident, key)
+        return key
 
     def _call(self, i: int, call: dict[str, Any]) -> None:
         acc = self.calls.get(i)

@@ -16,9 +16,12 @@ Stream (OpenAI API reference, "Responses streaming events"; vLLM 0.32
 ``.failed``) last; no ``[DONE]``. First content event: a delta (text, reasoning, function-call
 arguments, refusal) or a function call item. Usage: ``response.usage`` of the terminal event
 (``input_tokens``, ``input_tokens_details.cached_tokens``, ``output_tokens``). In-band errors
-are the API's ``error`` event. The response object is rewritten: ``model`` back to the
-client's name, ``service_tier`` the tier that served, ``previous_response_id`` as the client
-sent it.
+are the API's ``error`` event. The response object is rewritten: ``id`` the gateway's (an
+engine that names its responses itself, ignoring ``request_id``, has its id kept in
+``Turn.upstream_id`` for the cancel it is told), ``model`` back to the client's name,
+``service_tier`` the tier that served, ``previous_response_id`` as the client sent it. A
+response whose terminal event lists no ``output`` after its items were streamed is stored with
+the items the client received (``response.output_item.done``).
 
 Mid-stream resume (``responses_resume``): a stream broken inside a message item's text is
 continued through the engine's ``/v1/chat/completions`` (``continuation_path``) and spliced
@@ -95,12 +98,18 @@ def responses_usage(u: Any) -> Usage | None:
     return Usage(prompt, completion, min(cached, prompt))
 
 
-def _rewrite_response(resp: dict[str, Any], rewrite: Rewrite, previous_id: str | None) -> None:
+def _rewrite_response(resp: dict[str, Any], rewrite: Rewrite, turn: Turn) -> None:
+    """The engine's response object as the client gets it (module docstring)."""
+    engine_id = resp.get("id")
+    if isinstance(engine_id, str) and engine_id != turn.response_id:
+        turn.upstream_id = engine_id  # the engine named it itself: kept for its cancel
+    if "id" in resp:
+        resp["id"] = turn.response_id
     if "model" in resp:
         resp["model"] = rewrite.client_model
     resp["service_tier"] = rewrite.service_tier
-    if previous_id is not None:
-        resp["previous_response_id"] = previous_id
+    if turn.previous_id is not None:
+        resp["previous_response_id"] = turn.previous_id
 
 
 def _engine_error(doc: dict[str, Any]) -> UpstreamError:
@@ -116,11 +125,11 @@ class ResponsesStream(StreamCodec):
     stream's framing (``responses_resume.Framing``: the last ``sequence_number`` seen, so a
     gateway error event continues the numbering, and what a mid-stream resume continues)."""
 
-    __slots__ = ("framing", "previous_id", "rewrite")
+    __slots__ = ("framing", "rewrite", "turn")
 
-    def __init__(self, rewrite: Rewrite, previous_id: str | None) -> None:
+    def __init__(self, rewrite: Rewrite, turn: Turn) -> None:
         super().__init__()
-        self.rewrite, self.previous_id = rewrite, previous_id
+        self.rewrite, self.turn = rewrite, turn
         self.framing = Framing()
 
     def event(self, ev: SSEEvent) -> tuple[int, bytes]:
@@ -138,7 +147,7 @@ class ResponsesStream(StreamCodec):
             return CONTENT, named_event(kind, data)
         resp = doc.get("response")
         if isinstance(resp, dict):
-            _rewrite_response(resp, self.rewrite, self.previous_id)
+            _rewrite_response(resp, self.rewrite, self.turn)
             data = orjson.dumps(doc)
             self.framing.observe(kind, doc)
             if kind in TERMINAL:
@@ -146,6 +155,10 @@ class ResponsesStream(StreamCodec):
                 if kind == "response.failed":
                     self.error = _engine_error(resp)
                     return ERROR, named_event(kind, data)
+                if not resp.get("output") and self.framing.items:
+                    # the items were streamed, the terminal event lists none: what is stored
+                    # (and continued by previous_response_id) is what the client received
+                    resp = {**resp, "output": list(self.framing.items)}
                 self.final = resp
                 return DONE, named_event(kind, data)
             return FRAME, named_event(kind, data)
@@ -274,13 +287,13 @@ class ResponsesProtocol(Protocol):
         return HEAD_CONTENT, None
 
     def codec(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec:
-        return ResponsesStream(rewrite, body.ext.previous_id)
+        return ResponsesStream(rewrite, body.ext)
 
     def json_usage(self, doc: dict[str, Any]) -> Usage | None:
         return responses_usage(doc.get("usage"))
 
     def rewrite_json(self, doc: dict[str, Any], body: ParsedBody, rewrite: Rewrite) -> bytes:
-        _rewrite_response(doc, rewrite, body.ext.previous_id)
+        _rewrite_response(doc, rewrite, body.ext)
         return orjson.dumps(doc)
 
     async def finish(

@@ -81,16 +81,18 @@ class Turn:
     chain: list[str] = field(default_factory=list)  # earlier responses, oldest first
     root: str = ""  # the conversation's first response id
     full_input: list[Any] | None = None  # earlier turns + this input, when expanded
+    upstream_id: str | None = None  # the engine's own id, when it ignored ``request_id``
 
 
 class Flight(Running):
     """A response running on this gateway process (for ``cancel`` and ``GET``)."""
 
-    __slots__ = ("cancelled", "created_at", "key", "model", "response_id", "task")
+    __slots__ = ("cancelled", "created_at", "key", "model", "response_id", "task", "turn")
 
-    def __init__(self, response_id: str, key: str, model: str) -> None:
+    def __init__(self, response_id: str, key: str, model: str, turn: Turn | None = None) -> None:
         super().__init__()
         self.response_id, self.key, self.model = response_id, key, model
+        self.turn = turn  # its ``upstream_id`` names the response to the engine
         self.created_at = int(time.time())
         self.task = asyncio.current_task()
         self.cancelled = False
@@ -178,7 +180,7 @@ class ResponsesState:
         """Registers the response as in flight; a ``cancel`` of it ends the context with
         ``ResponseCancelled`` instead of the task's cancellation."""
         turn: Turn = body.ext
-        flight = Flight(turn.response_id, rec.key_id or "", body.doc["model"])
+        flight = Flight(turn.response_id, rec.key_id or "", body.doc["model"], turn)
         self.flights[turn.response_id] = flight
         if self.bus is not None:
             self.bus.started(turn.response_id, flight.key, self.marker_ttl_s)
@@ -297,8 +299,10 @@ class ResponsesState:
         if flight.replica is not None and self.upstream is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
+                    engine_id = (flight.turn.upstream_id if flight.turn is not None else None
+                                 ) or flight.response_id
                     resp = await self.upstream.post(
-                        f"{flight.replica}/v1/responses/{flight.response_id}/cancel", b"",
+                        f"{flight.replica}/v1/responses/{engine_id}/cancel", b"",
                         {"content-type": "application/json"}, 1.0,
                     )
                     resp.close()

@@ -28,6 +28,7 @@ from gateway.errors import (
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, StreamCodec, json_object
 from gateway.telemetry.histograms import GapTimer
 from gateway.upstream.client import UpstreamBrokenError, UpstreamUnreadable
+from gateway.upstream.failures import Failure
 
 SSE_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -46,7 +47,7 @@ class StreamResult:
     usage: Usage | None = None
     error: GatewayError | None = None
     events: int = 0
-    reason: str | None = None  # how it broke: broken-stream, eof, stall-timeout, client-error
+    reason: str | None = None  # how it broke: a ``Failure`` (broken-stream, eof, stall-timeout…)
     error_event: bytes = b""  # the in-band error event for ``error`` (sent unless resumed)
 
 
@@ -113,8 +114,9 @@ async def relay_events(
                     return True
                 elif verdict == ERROR:
                     result.error = codec.error
-                    result.reason = ("client-error" if is_client_fault(codec.error) else
-                                     "engine-error" if json_object(ev.data) else "malformed")
+                    result.reason = (Failure.CLIENT_ERROR if is_client_fault(codec.error) else
+                                     Failure.ENGINE_ERROR if json_object(ev.data)
+                                     else Failure.MALFORMED)
                     result.error_event = data
                     if end_on_error:
                         out.append(data)
@@ -149,21 +151,21 @@ async def relay_events(
                 when = min(loop.time() + stall_s, deadline)
                 cm.extend(when)
         result.error = UpstreamError("upstream stream ended before its last event")
-        result.reason = "eof"
+        result.reason = Failure.EOF
     except UpstreamBrokenError as e:
         result.error = UpstreamError(f"upstream connection broke mid-stream ({e})")
-        result.reason = "broken-stream"
+        result.reason = Failure.BROKEN_STREAM
     except UpstreamUnreadable as e:  # deterministic (e.g. an oversized event): not the replica
         result.error = UnreadableResponse(f"engine response cannot be read mid-stream ({e})")
-        result.reason = "unreadable"
+        result.reason = Failure.UNREADABLE
     except TimeoutError:
         # which limit was in force, not the clock: timers may fire a little early
         if when >= deadline:
             result.error = UpstreamTimeout("total", total_s)
-            result.reason = "total-timeout"
+            result.reason = Failure.TOTAL_TIMEOUT
         else:
             result.error = UpstreamTimeout("stall", stall_s)
-            result.reason = "stall-timeout"
+            result.reason = Failure.STALL_TIMEOUT
     result.error_event = codec.error_event(result.error)
     if end_on_error:
         await send({"type": "http.response.body", "body": result.error_event, "more_body": True})

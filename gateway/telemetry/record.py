@@ -36,6 +36,10 @@ class RequestRecord:
     response_started: bool = False
     outcome: str | None = None
     usage: Usage | None = None
+    # what attempts that failed before the answer consumed, as their engines reported it
+    # (``account`` adds it to ``usage`` and ``cost_usd``)
+    spent: Usage | None = None
+    spent_cost_usd: float = 0.0
     ttft_s: float | None = None
     e2e_s: float | None = None
     # Telemetry (issue 5). ``key_id``: the API key's id or name, never the key itself.

@@ -21,6 +21,7 @@ from email.utils import parsedate_to_datetime
 import orjson
 
 from gateway.common.sse import SSEEvent
+from gateway.common.usage import Usage
 from gateway.errors import (
     GatewayError,
     UnreadableResponse,
@@ -35,20 +36,20 @@ from gateway.protocols.base import HEAD_CONTENT, HEAD_ERROR, HEAD_FRAME, HEAD_MA
 from gateway.telemetry.tracing import AttemptTrace
 from gateway.upstream.client import (
     MAX_ERROR_BODY_BYTES,
-    Upstream,
     UpstreamBrokenError,
     UpstreamConnectError,
-    UpstreamResponse,
     UpstreamUnreadable,
 )
+from gateway.upstream.failures import TRAITS, Failure, failure_kind, http_reason
+from gateway.upstream.transport import UpstreamClient, UpstreamReply
 
 RETRYABLE_STATUSES = frozenset({408, 429})
 #: reason of an in-stream error event with a client's 4xx code before any content: the
 #: request's fault or the replica's, which only another replica's answer tells (failover)
-STREAM_4XX = "stream-4xx"
+STREAM_4XX = Failure.STREAM_4XX
 #: reason of an engine that said it is overloaded (HTTP 529, an ``overloaded_error`` before any
 #: content): busy like a 429, not broken; retried elsewhere, not an outlier failure
-OVERLOADED = "overloaded"
+OVERLOADED = Failure.OVERLOADED
 
 
 class RetryableFailure(Exception):
@@ -57,17 +58,23 @@ class RetryableFailure(Exception):
     ``stream-4xx``) and
     ``error`` what the client gets if no other attempt succeeds."""
 
-    def __init__(self, reason: str, error: GatewayError) -> None:
+    def __init__(self, reason: str, error: GatewayError, usage: Usage | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
+        self.usage = usage  # what the engine reported it consumed (e.g. ``response.failed``)
+
+    @property
+    def kind(self) -> Failure:
+        """The kind of this failure (``gateway.upstream.failures``)."""
+        return failure_kind(self.reason)
 
     @property
     def replica_fault(self) -> bool:
-        """True when the failure says the replica is unhealthy (for outlier ejection); a 429
-        or 408 says it is busy, not broken; a ``stream-4xx`` is the replica's only once another
-        replica answered the request (failover records it then); an overload is busy too."""
-        return self.reason not in ("http-429", "http-408", STREAM_4XX, OVERLOADED)
+        """True when the failure says the replica is unhealthy (for outlier ejection):
+        ``TRAITS`` of its kind (a 429, 408 or overload says busy, not broken; a ``stream-4xx``
+        is the replica's only once another replica answered the request)."""
+        return TRAITS[self.kind].replica_fault
 
 
 @dataclass(slots=True)
@@ -110,7 +117,7 @@ class OpenedResponse:
     event (streams) or to the complete body. ``batches`` continues after ``head``."""
 
     attempt: Attempt
-    response: UpstreamResponse
+    response: UpstreamReply
     ttft_s: float
     head: list[SSEEvent] | None = None
     batches: AsyncIterator[list[SSEEvent]] | None = None
@@ -129,7 +136,7 @@ class OpenedResponse:
                                      id(self.attempt))
 
 
-async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
+async def open_attempt(upstream: UpstreamClient, attempt: Attempt) -> OpenedResponse:
     """Send the attempt and wait for its first content event (stream) or its body (JSON).
 
     Timeouts (``pool.config.timeouts``): ``connect_s`` for the TCP connect; ``ttft_s`` from
@@ -163,24 +170,12 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
     attempt.replica.inflight_kv_tokens += attempt.kv_tokens
     if attempt.kv_tokens:
         attempt.replica.open_kv[id(attempt)] = (attempt.kv_tokens, attempt.output_cap, t_sent)
-    resp: UpstreamResponse | None = None
+    resp: UpstreamReply | None = None
     try:
         async with asyncio.timeout_at(limit):
             resp = await upstream.post(url, attempt.payload, headers, timeouts.connect_s)
             if resp.status != 200:
-                try:
-                    detail = await resp.read(MAX_ERROR_BODY_BYTES)
-                except UpstreamUnreadable:
-                    detail = b""  # the status still says what happened
-                retry_after = parse_retry_after(resp.headers.get("retry-after"))
-                err = parse_engine_error(resp.status, detail, retry_after)
-                if isinstance(err, UpstreamOverloaded):
-                    raise RetryableFailure(OVERLOADED, err)
-                if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
-                    raise RetryableFailure(f"http-{resp.status}", err)
-                if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
-                    raise RetryableFailure(f"http-{resp.status}", err)
-                raise err
+                raise await _refusal(resp)
             if attempt.stream and not (attempt.json_ok and _is_json(resp)):
                 batches = resp.event_batches()
                 head = await _read_until_content(batches, attempt.protocol, attempt.heartbeat)
@@ -194,28 +189,53 @@ async def open_attempt(upstream: Upstream, attempt: Attempt) -> OpenedResponse:
         if resp is not None:
             resp.close()
         attempt.pool.release(attempt.replica, attempt.kv_tokens, id(attempt))
-        if isinstance(e, TimeoutError):
-            # which limit was in force, not the clock: timers may fire a little early
-            if limit >= attempt.deadline:
-                raise UpstreamTimeout("total", attempt.total_s) from None
-            if attempt.read_deadline is not None and limit >= attempt.read_deadline:
-                # the client has stopped waiting: no other attempt would reach it
-                raise UpstreamTimeout("read", attempt.read_s or 0.0) from None
-            raise RetryableFailure(
-                "ttft-timeout", UpstreamTimeout("ttft", timeouts.ttft_s)
-            ) from None
-        if isinstance(e, UpstreamConnectError):
-            raise RetryableFailure(
-                "connect-timeout" if e.timeout else "connect-error",
-                UpstreamError(f"cannot reach engine replica: {e}"),
-            ) from None
-        if isinstance(e, UpstreamBrokenError):
-            raise RetryableFailure(
-                "broken-stream", UpstreamError(f"engine connection broke: {e}")
-            ) from None
-        if isinstance(e, UpstreamUnreadable):
-            raise UnreadableResponse(f"engine response cannot be read: {e}") from None
-        raise
+        typed = _typed_failure(e, attempt, limit)
+        if typed is None:
+            raise
+        raise typed from None
+
+
+async def _refusal(resp: UpstreamReply) -> GatewayError | RetryableFailure:
+    """What an engine's answer other than 200 is: a ``RetryableFailure`` (an overload, a 5xx,
+    408, 429, or a status that is no OpenAI answer), else its 4xx (``EngineClientError``)."""
+    try:
+        detail = await resp.read(MAX_ERROR_BODY_BYTES)
+    except UpstreamUnreadable:
+        detail = b""  # the status still says what happened
+    retry_after = parse_retry_after(resp.headers.get("retry-after"))
+    err = parse_engine_error(resp.status, detail, retry_after)
+    if isinstance(err, UpstreamOverloaded):
+        return RetryableFailure(OVERLOADED, err)
+    if resp.status >= 500 or resp.status in RETRYABLE_STATUSES:
+        return RetryableFailure(http_reason(resp.status), err)
+    if resp.status < 400:  # 1xx/2xx/3xx other than 200: not an OpenAI answer
+        return RetryableFailure(http_reason(resp.status), err)
+    return err
+
+
+def _typed_failure(e: BaseException, attempt: Attempt, limit: float) -> Exception | None:
+    """The gateway's exception for ``e`` that ended ``attempt`` (``limit``: the loop time of
+    the timeout in force), None to raise ``e`` as is."""
+    if isinstance(e, TimeoutError):
+        # which limit was in force, not the clock: timers may fire a little early
+        if limit >= attempt.deadline:
+            return UpstreamTimeout("total", attempt.total_s)
+        if attempt.read_deadline is not None and limit >= attempt.read_deadline:
+            # the client has stopped waiting: no other attempt would reach it
+            return UpstreamTimeout("read", attempt.read_s or 0.0)
+        ttft_s = attempt.pool.config.timeouts.ttft_s
+        return RetryableFailure(Failure.TTFT_TIMEOUT, UpstreamTimeout("ttft", ttft_s))
+    if isinstance(e, UpstreamConnectError):
+        return RetryableFailure(
+            Failure.CONNECT_TIMEOUT if e.timeout else Failure.CONNECT_ERROR,
+            UpstreamError(f"cannot reach engine replica: {e}"),
+        )
+    if isinstance(e, UpstreamBrokenError):
+        return RetryableFailure(Failure.BROKEN_STREAM,
+                                UpstreamError(f"engine connection broke: {e}"))
+    if isinstance(e, UpstreamUnreadable):
+        return UnreadableResponse(f"engine response cannot be read: {e}")
+    return None
 
 
 async def _read_until_content(
@@ -243,13 +263,14 @@ async def _read_until_content(
                     # the engine failed before any output: another replica may still serve.
                     # A 4xx code may be the request's fault or the replica's (vLLM gives any
                     # exception in generation code 400): failover tells them apart
+                    usage = _event_usage(protocol, ev)
                     if isinstance(err, UpstreamOverloaded):
-                        raise RetryableFailure(OVERLOADED, err)
-                    raise RetryableFailure(STREAM_4XX if is_client_fault(err) else "engine-error",
-                                           err)
+                        raise RetryableFailure(OVERLOADED, err, usage)
+                    raise RetryableFailure(
+                        STREAM_4XX if is_client_fault(err) else Failure.ENGINE_ERROR, err, usage)
                 if kind == HEAD_MALFORMED:
                     raise RetryableFailure(
-                        "malformed", UpstreamError("engine sent a malformed response")
+                        Failure.MALFORMED, UpstreamError("engine sent a malformed response")
                     )
                 found = kind == HEAD_CONTENT
                 if heartbeat is not None and kind == HEAD_FRAME and protocol.is_ping(ev):
@@ -258,6 +279,19 @@ async def _read_until_content(
         if found:
             return head
     raise UpstreamBrokenError("stream ended before the first content event")
+
+
+def _event_usage(protocol: Protocol, ev: SSEEvent) -> Usage | None:
+    """The usage an engine's error event reports (a Responses ``response.failed`` carries its
+    response's ``usage``; a chat error chunk may carry ``usage``), None when it reports none."""
+    try:
+        doc = orjson.loads(ev.data or b"")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    inner = doc.get("response")
+    return protocol.json_usage(inner if isinstance(inner, dict) else doc)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -281,7 +315,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return seconds if seconds >= 0 and math.isfinite(seconds) else None
 
 
-def _is_json(resp: UpstreamResponse) -> bool:
+def _is_json(resp: UpstreamReply) -> bool:
     """True when the engine answered a streamed request with a JSON body (it ignored
     ``stream``, as some OpenAI-compatible servers and proxies do)."""
     kind = resp.headers.get("content-type") or ""
@@ -294,5 +328,6 @@ def _json_object(raw: bytes) -> dict:
     except orjson.JSONDecodeError:
         doc = None
     if not isinstance(doc, dict):
-        raise RetryableFailure("malformed", UpstreamError("engine sent a malformed response"))
+        raise RetryableFailure(Failure.MALFORMED,
+                               UpstreamError("engine sent a malformed response"))
     return doc

@@ -4,15 +4,19 @@ aiohttp was measured faster than httpx as the upstream client under concurrency 
 ``loadtests/bench_http_clients.py``, docs/benchmarks.md), so it is the one used. One pooled session
 per gateway process; connections to replicas are reused (keep-alive). Closing an
 ``UpstreamResponse`` before its end closes the TCP connection, which makes vLLM abort the
-generation (vLLM frees a request when its client disconnects). Every request asks for
-``Accept-Encoding: identity`` (``gateway.upstream.encoding``: gzip/deflate from a proxy that
-compresses anyway are decoded; other codings are ``UpstreamUnreadable``).
+generation (vLLM frees a request when its client disconnects). Idle connections are kept
+``upstream.keepalive_timeout_s`` (4 s by default, below vLLM's 5 s); a request the engine cuts on
+a reused connection before any response byte (it closed the idle connection as the request
+arrived) is sent once more on a fresh connection, which is no failure of the replica's.
+Every request asks for ``Accept-Encoding: identity`` (``gateway.upstream.encoding``: gzip/deflate
+from a proxy that compresses anyway are decoded; other codings are ``UpstreamUnreadable``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
+from types import SimpleNamespace
 
 import aiohttp
 
@@ -149,6 +153,8 @@ class Upstream:
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # new connections only (resends)
+        self.resent = 0  # requests sent again after an engine closed a reused connection
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -159,21 +165,31 @@ class Upstream:
         """Create the pooled session in the running loop (no-op when it is open already)."""
         if self._session is not None:
             return
+        reuse = aiohttp.TraceConfig()
+        reuse.on_connection_reuseconn.append(_mark_reused)
+        self._session = self._new_session(force_close=False, traces=[reuse])
+
+    def _new_session(self, force_close: bool,
+                     traces: list[aiohttp.TraceConfig] | None = None) -> aiohttp.ClientSession:
+        """A session on its own pool: kept-alive connections, or (``force_close``) one new
+        connection per request."""
         config = self.config
         connector = aiohttp.TCPConnector(
             limit=config.max_connections,
             limit_per_host=0,
-            keepalive_timeout=config.keepalive_timeout_s,
+            keepalive_timeout=None if force_close else config.keepalive_timeout_s,
+            force_close=force_close,
             enable_cleanup_closed=True,
             ttl_dns_cache=300,
         )
-        self._session = aiohttp.ClientSession(
+        return aiohttp.ClientSession(
             connector=connector,
             # the gateway reads every body: no compression asked for, any it gets decoded here
             headers={"Accept-Encoding": ACCEPT_ENCODING},
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
             timeout=aiohttp.ClientTimeout(total=None),
+            trace_configs=traces,
         )
 
     @property
@@ -191,14 +207,32 @@ class Upstream:
         Raises ``UpstreamConnectError`` when the connection fails or takes longer than
         ``connect_timeout_s``, ``UpstreamBrokenError`` when it breaks before the headers.
         The caller bounds the wait for headers (TTFT, deadline) with its own timeout.
+
+        A request cut on a reused connection before any response byte (the engine closed the
+        idle connection as the request arrived: HTTP/1.1 lets a server close an idle connection
+        at any time, RFC 9112 §9.3.1, and uvicorn does after ``timeout_keep_alive``) is sent once
+        more on a new connection (counted in ``resent``); the engine never saw it, so this is
+        no failure of the replica's and no retry of the request's.
         """
         timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s
         )
+        seen = SimpleNamespace(reused=False)
         try:
-            resp = await self.session.post(
-                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-            )
+            try:
+                resp = await self.session.post(
+                    url, data=body, headers=headers, timeout=timeout, allow_redirects=False,
+                    trace_request_ctx=seen,
+                )
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                if not seen.reused or isinstance(e, aiohttp.ClientConnectorError):
+                    raise
+                self.resent += 1
+                if self._fresh is None:
+                    self._fresh = self._new_session(force_close=True)
+                resp = await self._fresh.post(
+                    url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+                )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
             raise UpstreamConnectError(_describe(e)) from None
         except TimeoutError:
@@ -227,6 +261,15 @@ class Upstream:
         """Close every pooled connection (no-op when it was never opened)."""
         if self._session is not None:
             await self._session.close()
+        if self._fresh is not None:
+            await self._fresh.close()
+
+
+async def _mark_reused(session: aiohttp.ClientSession, ctx: SimpleNamespace,
+                       params: aiohttp.TraceConnectionReuseconnParams) -> None:
+    """Trace hook: the request (its ``trace_request_ctx``) goes out on a pooled connection."""
+    if isinstance(ctx.trace_request_ctx, SimpleNamespace):
+        ctx.trace_request_ctx.reused = True
 
 
 def _describe(e: BaseException) -> str:

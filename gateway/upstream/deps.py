@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
     from gateway.telemetry.metrics import GatewayMetrics
-    from gateway.upstream.client import Upstream
+    from gateway.upstream.transport import UpstreamClient
 
 
 class StepDeps(Protocol):
@@ -23,7 +23,7 @@ class StepDeps(Protocol):
         ...
 
     @property
-    def upstream(self) -> Upstream:
+    def upstream(self) -> UpstreamClient:
         """The shared upstream HTTP client (one connection pool per process)."""
         ...
 

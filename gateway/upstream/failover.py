@@ -1,5 +1,7 @@
 """Step 3 of a request, attempt: the plan's pools in order, retries on other replicas with
-backoff and a retry budget, fallbacks, and feedback to outlier ejection (DESIGN §7).
+backoff and a retry budget, fallbacks, and feedback to outlier ejection. The loop keeps the
+I/O and the recording; the decisions are pure: what a failure means
+(``gateway.upstream.verdict``) and where the next attempt goes (``gateway.upstream.retry``).
 
 Only before anything reached the client: ``open_with_failover`` returns the first attempt
 that produced a first content event (stream) or a whole body (JSON), or raises the last
@@ -9,10 +11,11 @@ failure.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from gateway.common.usage import add_usage
 from gateway.errors import (
     EngineClientError,
     GatewayError,
@@ -24,8 +27,10 @@ from gateway.fleet.pools import Pool, Replica
 from gateway.plan.chain import Plan
 from gateway.routing import RouteRequest, pick_replica
 from gateway.routing.keys import affinity_id
+from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import AttemptTrace
+from gateway.upstream import verdict
 from gateway.upstream.attempt import (
     STREAM_4XX,
     Attempt,
@@ -56,222 +61,210 @@ async def open_with_failover(
     request arrived (every attempt) and the stall between events after it. ``avoid``: replicas
     to ask only when no other is usable, in their pool or a later one of the chain (e.g. those
     whose streams of this request broke before a fresh attempt: the next tier before a
-    replica that broke it).
-    ``heartbeat``: each attempt's (``Attempt.heartbeat``: the engine's keep-alives).
-
-    An in-stream error event with a client's 4xx code before any content (``stream-4xx``) is
-    ambiguous: vLLM gives every exception in generation code 400 (``serving_chat``'s stream
-    generator answers any exception with ``create_streaming_error_response``, default
-    ``BAD_REQUEST``), so a broken replica sends it for every request. Differential diagnosis:
-    it is asked once more on another replica of the pool, without spending the retry budget
-    (at most one such retry per request, so at most twice the engine calls; spending the budget
-    would let a replica that fails everything exhaust it and never be ejected). If that one
-    answers, the first replica's failure is recorded (outlier ejection); if it sends an in-stream
-    4xx too, that 4xx is the client's answer and no failure is recorded; with no other usable
-    replica the 4xx is answered and nothing recorded (no telling whose fault it is).
-
-    The body rule (a client's body never counts toward ejection): an engine's 500, or an
-    in-stream error event before any content (``BODY_SUSPECT_REASONS``), may be the body's
-    doing (an engine bug the body triggers) as much as the replica's. It is not recorded at
-    once: the request is retried on another replica as usual (budget permitting); if that one
-    fails the same way, the body is at fault: no more retries, the error is answered, and
-    neither failure is recorded. If another replica serves it, or fails in another way, or
-    nothing is left to ask, the first failure is recorded (as it would have been). So a body
-    can fail at most two replicas and count against none, and a replica that fails what others
-    serve is still ejected.
+    replica that broke it). ``heartbeat``: each attempt's (``Attempt.heartbeat``: the engine's
+    keep-alives). What a failure means (retry, answer, whose failure) is
+    ``gateway.upstream.verdict``'s (the stream-4xx diagnosis, the body rule); where the next
+    attempt goes is ``gateway.upstream.retry``'s.
 
     Raises the last ``GatewayError`` (the engine's 4xx and ``UnreadableResponse`` at once,
     never retried, neither counted against the replica), an
     ``UpstreamTimeout`` when the deadline expires, or ``NoHealthyReplica`` (503) when no pool
     had a usable replica. Records ``rec.attempts``, ``rec.retries``, ``rec.fallback``,
     ``rec.served_tier``, ``rec.tried_tier`` and ``rec.replica`` (the replica's name, never its
-    address: the last one tried, the one that served on success), ``rec.ttft_s`` and
-    ``rec.queue_s``.
+    address: the last one tried, the one that served on success), ``rec.ttft_s``,
+    ``rec.queue_s`` and what failed attempts consumed (``rec.spent``).
     """
-    state, plan, body, protocol, rec = ex.state, ex.plan, ex.body, ex.protocol, ex.rec
-    metrics = state.metrics
-    payloads: dict[tuple[str, int | None], bytes] = {}
-    loop = asyncio.get_running_loop()
-    # the first tier dropped before any attempt: why, in the fallback header
-    reasons = [RetryCause(None, plan.reason)] if plan.reason in PLANNED_FALLBACKS else []
-    rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
-    last: GatewayError | None = None
-    deadline: float | None = None
-    timeouts = timeouts or ex.timeouts
-    read_deadline = None  # the client stops waiting for its first byte then (loop time)
-    if timeouts.read_s is not None:
-        read_deadline = loop.time() - (time.monotonic() - rec.t_start) + timeouts.read_s
-    total_s = 0.0
-    last_reason = ""
-    previous_tier: str | None = None
-    suspect: tuple[Pool, Replica] | None = None  # the replica of a stream-4xx (diagnosis)
-    body_suspect: BodySuspect | None = None  # the first replica of a 5xx (the body rule)
-    # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
-    route = plan.route
-    if route is None:
-        route = RouteRequest.from_doc(
-            body.conversation, affinity_id(rec.session_id, rec.session_src, body.session_hint),
+    run = _Failover(ex, timeouts or ex.timeouts, avoid, heartbeat)
+    for position, pool in enumerate(ex.plan.chain):
+        opened = await run.try_pool(position, pool)
+        if opened is not None:
+            return opened
+        if run.loop.time() >= run.deadline or run.last_reason == STREAM_4XX:
+            break  # a stream-4xx no other replica of the pool could check: answered as is
+    _charge(verdict.after_all(run.held), run.loop.time())
+    _note_failure(ex.rec, run.reasons, ex.plan, run.previous_tier)
+    if run.last is None:
+        raise NoHealthyReplica(
+            f"no healthy replica for model {ex.plan.request.model_name!r}", retry_after_s=1
+        )
+    raise run.last
+
+
+class _Failover:
+    """One request's failover: the plan's pools in order, and what its attempts saw."""
+
+    def __init__(self, ex: Exchange, timeouts: ClientTimeouts, avoid: Sequence[Replica],
+                 heartbeat: Callable[[], None] | None) -> None:
+        self.ex, self.avoid, self.heartbeat, self.timeouts = ex, avoid, heartbeat, timeouts
+        plan, rec = ex.plan, ex.rec
+        self.loop = asyncio.get_running_loop()
+        self.payloads: dict[tuple[str, int | None], bytes] = {}
+        # the first tier dropped before any attempt: why, in the fallback header
+        self.reasons = ([RetryCause(None, plan.reason)] if plan.reason in PLANNED_FALLBACKS
+                        else [])
+        rec.auto_reason = plan.reason if plan.asked_tier == "auto" else None
+        self.last: GatewayError | None = None
+        self.last_reason = ""
+        self.deadline = math.inf  # the first pool's total timeout bounds the whole request
+        self.total_s = 0.0
+        self.read_deadline: float | None = None  # the client stops waiting for a first byte
+        if timeouts.read_s is not None:
+            self.read_deadline = (self.loop.time() - (time.monotonic() - rec.t_start)
+                                  + timeouts.read_s)
+        self.previous_tier: str | None = None
+        self.held = verdict.Diagnosis()
+        # session key + prefix blocks (gateway.routing.keys), shared by every pool of the chain
+        self.route = plan.route or RouteRequest.from_doc(
+            ex.body.conversation,
+            affinity_id(rec.session_id, rec.session_src, ex.body.session_hint),
             scope=rec.key_id,
         )
-    for position, pool in enumerate(plan.chain):
-        if deadline is None:  # the first pool's total timeout bounds the whole request
-            total_s = total_timeout_s(pool.config.timeouts.total_s, timeouts.total_s)
-            deadline = loop.time() + total_s
-        if previous_tier is not None:
-            metrics.record_fallback(plan.request.model_name, previous_tier, pool.tier)
-        previous_tier = pool.tier
+
+    def _enter(self, pool: Pool) -> bytes:
+        """Start the attempts in ``pool``: the deadline (first pool), the fallback metric, the
+        budget's request count; returns the pool's upstream body."""
+        ex, now = self.ex, self.loop.time()
+        if self.deadline == math.inf:
+            self.total_s = total_timeout_s(pool.config.timeouts.total_s, self.timeouts.total_s)
+            self.deadline = now + self.total_s
+        if self.previous_tier is not None:
+            ex.state.metrics.record_fallback(ex.plan.request.model_name, self.previous_tier,
+                                             pool.tier)
+        self.previous_tier = pool.tier
         served = pool.config.served_model_name
         # vLLM's priority field only for engines that run priority scheduling (fcfs: 400)
-        prio = plan.engine_priority if pool.config.scheduling_policy == "priority" else None
-        if (served, prio) not in payloads:
-            payloads[(served, prio)] = protocol.upstream_body(body, served, priority=prio)
-        pool.budget.record_request(loop.time())
-        avoided = [r for r in avoid if r in pool.replicas]
+        prio = ex.plan.engine_priority if pool.config.scheduling_policy == "priority" else None
+        if (served, prio) not in self.payloads:
+            self.payloads[(served, prio)] = ex.protocol.upstream_body(ex.body, served,
+                                                                      priority=prio)
+        pool.budget.record_request(now)
+        return self.payloads[(served, prio)]
+
+    async def try_pool(self, position: int, pool: Pool) -> OpenedResponse | None:
+        """The opened response of ``pool``'s first attempt that answers, None when none did."""
+        payload = self._enter(pool)
+        avoided = [r for r in self.avoid if r in pool.replicas]
         tried: list[Replica] = []
         for _ in range(pool.config.retry.max_attempts):
-            usable = pool.usable(loop.time())
-            picked = await pick_replica(pool, route, usable, exclude=[*tried, *avoided])
-            if (picked is None and avoided
-                    and not _usable_later(plan.chain, position, avoid, loop.time())):
-                # avoiding is a preference: a later pool's replica first, else better than none
-                picked = await pick_replica(pool, route, usable, exclude=tried)
-            history = PoolHistory(tuple(tried), last_reason or None,
-                                  last.retry_after_s if last is not None else None)
-            step = next_attempt(history, pool, picked, loop.time(), deadline)
-            if isinstance(step, Stop):
-                reasons.append(RetryCause(pool.tier, step.reason))
-                break
-            replica = step.replica
-            if tried:  # a retry: the budget, the wait, then counted
-                if step.spends_budget and not pool.budget.try_acquire(loop.time()):
-                    reasons.append(RetryCause(pool.tier, StopReason.RETRY_BUDGET_EXHAUSTED))
-                    break
-                if step.wait_s:
-                    if loop.time() + step.wait_s >= deadline:
-                        break
-                    await asyncio.sleep(step.wait_s)
-                rec.retries.append(last_reason)
-                metrics.record_retry(pool, last_reason)
+            replica = await self._next(position, pool, tried, avoided)
+            if replica is None:
+                return None
             tried.append(replica)
-            rec.attempts += 1
-            rec.tried_tier, rec.replica = pool.tier, replica.name  # logged even if it never answers
-            if rec.queue_s is None:
-                rec.queue_s = time.monotonic() - rec.t_start
-            span = ex.trace.attempt(
-                pool=pool.key,
-                tier=pool.tier,
-                replica=replica.safe_url,
-                model=served,
-                number=rec.attempts,
-                retry_reason=str(reasons[-1]) if reasons else None,
-            )
-            attempt = Attempt(
-                pool=pool,
-                replica=replica,
-                payload=payloads[(served, prio)],
-                protocol=protocol,
-                request_id=rec.request_id,
-                stream=body.upstream_stream,
-                json_ok=body.assemble,
-                kv_tokens=plan.route.tokens if plan.route is not None else 0,
-                output_cap=plan.route.output_cap if plan.route is not None else 0,
-                deadline=deadline,
-                total_s=total_s,
-                extra_headers=span.headers(),
-                read_s=timeouts.read_s,
-                read_deadline=read_deadline,
-                heartbeat=heartbeat,
-            )
-            try:
-                opened = await open_attempt(state.upstream, attempt)
-            except RetryableFailure as f:
-                if body_suspect is not None and body_suspect.same(f):
-                    # two replicas failed this body alike: the body's fault, nobody's failure
-                    span.end("body-fault", status=f.error.status)
-                    metrics.record_attempt(pool, "body-fault")
-                    _note_failure(rec, [*reasons, RetryCause(pool.tier, f.reason)], plan,
-                                  previous_tier)
-                    raise f.error from None
-                if body_suspect is not None:  # failed otherwise: the first one counts
-                    body_suspect.record(loop.time())
-                    body_suspect = None
-                if f.reason == STREAM_4XX and suspect is not None:
-                    # two replicas refused it alike: the request's fault, nobody's failure
-                    span.end("client-error", status=f.error.status)
-                    metrics.record_attempt(pool, "client-error")
-                    _note_failure(rec, reasons, plan, previous_tier)
-                    raise f.error from None
-                if f.reason == STREAM_4XX:
-                    suspect = (pool, replica)
-                reasons.append(RetryCause(pool.tier, f.reason))
-                last, last_reason = f.error, f.reason
-                if f.reason in BODY_SUSPECT_REASONS:  # counted once another replica answers
-                    body_suspect = BodySuspect(pool, replica, f.reason)
-                _note_retryable(state, pool, replica, span, f, loop.time(),
-                                counts=body_suspect is None)
-                continue
-            except UpstreamTimeout as e:  # the total deadline: nothing more to try
-                span.end("total-timeout")
-                metrics.record_attempt(pool, "total-timeout")
-                metrics.record_timeout(pool, e.stage)
-                # not the replica's fault: the request's own deadline (a client's may be short)
-                rec.fallback = ",".join(map(str, reasons)) or None
-                raise
-            except EngineClientError as e:
-                span.end("client-error", status=e.status)
-                metrics.record_attempt(pool, "client-error")
-                raise
-            except UnreadableResponse as e:  # deterministic: the same on any replica
-                span.end("unreadable", status=e.status)
-                metrics.record_attempt(pool, "unreadable")
-                raise
-            except BaseException:
-                span.end("cancelled")
-                raise
-            if suspect is not None:  # another replica served what the suspect refused
-                suspect[0].record_failure(suspect[1], loop.time())
-            if body_suspect is not None:  # and what the body suspect failed
-                body_suspect.record(loop.time())
-            pool.record_success(replica)
-            metrics.record_attempt(pool, "ok")
-            opened.span = span
-            rec.served_tier = pool.tier
-            rec.ttft_s = opened.ttft_s
-            if pool is not plan.chain[0] or plan.reason in PLANNED_FALLBACKS:
-                rec.fallback = ",".join(map(str, reasons))
-            return opened
-        if loop.time() >= deadline or last_reason == STREAM_4XX:
-            break  # a stream-4xx no other replica of the pool could check: answered as is
-    if body_suspect is not None:  # nobody else was asked: counted as before the rule
-        body_suspect.record(loop.time())
-    _note_failure(rec, reasons, plan, previous_tier)
-    if last is None:
-        raise NoHealthyReplica(
-            f"no healthy replica for model {plan.request.model_name!r}", retry_after_s=1
+            opened = await self._attempt(pool, replica, payload)
+            if opened is not None:
+                return opened
+        return None
+
+    async def _next(self, position: int, pool: Pool, tried: list[Replica],
+                    avoided: list[Replica]) -> Replica | None:
+        """The replica to ask next in ``pool`` (``retry.next_attempt``), after the retry's
+        budget and wait; None when the pool's attempts end."""
+        loop, chain = self.loop, self.ex.plan.chain
+        usable = pool.usable(loop.time())
+        picked = await pick_replica(pool, self.route, usable, exclude=[*tried, *avoided])
+        if (picked is None and avoided
+                and not _usable_later(chain, position, self.avoid, loop.time())):
+            # avoiding is a preference: a later pool's replica first, else better than none
+            picked = await pick_replica(pool, self.route, usable, exclude=tried)
+        history = PoolHistory(tuple(tried), self.last_reason or None,
+                              self.last.retry_after_s if self.last is not None else None)
+        step = next_attempt(history, pool, picked, loop.time(), self.deadline)
+        if isinstance(step, Stop):
+            self.reasons.append(RetryCause(pool.tier, step.reason))
+            return None
+        if tried:  # a retry: the budget, the wait, then counted
+            if step.spends_budget and not pool.budget.try_acquire(loop.time()):
+                self.reasons.append(RetryCause(pool.tier, StopReason.RETRY_BUDGET_EXHAUSTED))
+                return None
+            if step.wait_s:
+                if loop.time() + step.wait_s >= self.deadline:
+                    return None
+                await asyncio.sleep(step.wait_s)
+            self.ex.rec.retries.append(self.last_reason)
+            self.ex.state.metrics.record_retry(pool, self.last_reason)
+        return step.replica
+
+    async def _attempt(self, pool: Pool, replica: Replica, payload: bytes
+                       ) -> OpenedResponse | None:
+        """One attempt on ``replica``: the opened response, or None after a retryable failure
+        (recorded); raises what ends the request."""
+        ex, rec, plan = self.ex, self.ex.rec, self.ex.plan
+        metrics = ex.state.metrics
+        rec.attempts += 1
+        rec.tried_tier, rec.replica = pool.tier, replica.name  # logged even if it never answers
+        if rec.queue_s is None:
+            rec.queue_s = time.monotonic() - rec.t_start
+        span = ex.trace.attempt(
+            pool=pool.key, tier=pool.tier, replica=replica.safe_url,
+            model=pool.config.served_model_name, number=rec.attempts,
+            retry_reason=str(self.reasons[-1]) if self.reasons else None,
         )
-    raise last
+        route = plan.route
+        attempt = Attempt(
+            pool=pool, replica=replica, payload=payload, protocol=ex.protocol,
+            request_id=rec.request_id, stream=ex.body.upstream_stream, json_ok=ex.body.assemble,
+            kv_tokens=route.tokens if route is not None else 0,
+            output_cap=route.output_cap if route is not None else 0,
+            deadline=self.deadline, total_s=self.total_s, extra_headers=span.headers(),
+            read_s=self.timeouts.read_s, read_deadline=self.read_deadline,
+            heartbeat=self.heartbeat,
+        )
+        try:
+            opened = await open_attempt(ex.state.upstream, attempt)
+        except RetryableFailure as f:
+            self._failed(pool, replica, span, f)
+            return None
+        except UpstreamTimeout as e:  # the total deadline: nothing more to try
+            span.end("total-timeout")
+            metrics.record_attempt(pool, "total-timeout")
+            metrics.record_timeout(pool, e.stage)
+            # not the replica's fault: the request's own deadline (a client's may be short)
+            rec.fallback = ",".join(map(str, self.reasons)) or None
+            raise
+        except (EngineClientError, UnreadableResponse) as e:  # never retried
+            kind = "client-error" if isinstance(e, EngineClientError) else "unreadable"
+            span.end(kind, status=e.status)
+            metrics.record_attempt(pool, kind)
+            raise
+        except BaseException:
+            span.end("cancelled")
+            raise
+        _charge(verdict.after_success(self.held), self.loop.time())
+        pool.record_success(replica)
+        metrics.record_attempt(pool, "ok")
+        opened.span = span
+        rec.served_tier, rec.ttft_s = pool.tier, opened.ttft_s
+        if pool is not plan.chain[0] or plan.reason in PLANNED_FALLBACKS:
+            rec.fallback = ",".join(map(str, self.reasons))
+        return opened
+
+    def _failed(self, pool: Pool, replica: Replica, span: AttemptTrace,
+                f: RetryableFailure) -> None:
+        """Record a retryable failure by its verdict; raises its error when the verdict is to
+        answer now."""
+        ex, now = self.ex, self.loop.time()
+        _note_spent(ex.rec, pool, f)
+        v = verdict.after_failure(self.held, verdict.Failed(pool, replica, f.kind))
+        self.held = v.diagnosis
+        if v.answer is not None:
+            _charge(v.charge, now)
+            span.end(v.answer, status=f.error.status)
+            ex.state.metrics.record_attempt(pool, v.answer)
+            reasons = self.reasons
+            if v.answer == "body-fault":
+                reasons = [*reasons, RetryCause(pool.tier, f.reason)]
+            _note_failure(ex.rec, reasons, ex.plan, self.previous_tier)
+            raise f.error from None
+        self.reasons.append(RetryCause(pool.tier, f.reason))
+        self.last, self.last_reason = f.error, f.reason
+        _note_retryable(ex.state, pool, replica, span, f, now, counts=False)
+        _charge(v.charge, now)
 
 
-#: Failures that may be the body's doing (the body rule in ``open_with_failover``): the
-#: engine's HTTP 500 and an in-stream error event before content whose code is not a 4xx.
-BODY_SUSPECT_REASONS = frozenset({"http-500", "engine-error"})
-
-
-@dataclass(slots=True)
-class BodySuspect:
-    """The first replica that failed a request in a way the body may have caused."""
-
-    pool: Pool
-    replica: Replica
-    reason: str
-
-    def same(self, f: RetryableFailure) -> bool:
-        """True when ``f`` (from another replica) is the same kind of failure."""
-        return f.reason == self.reason
-
-    def record(self, now: float) -> None:
-        """Count the failure against the replica after all (outlier ejection)."""
-        self.pool.record_failure(self.replica, now)
+def _charge(failures: Sequence[verdict.Failed], now: float) -> None:
+    """Record each of ``failures`` against its replica (outlier ejection)."""
+    for f in failures:
+        f.pool.record_failure(f.replica, now)
 
 
 def _note_retryable(
@@ -289,6 +282,15 @@ def _note_retryable(
         state.metrics.record_timeout(pool, "connect")
     if counts and f.replica_fault:
         pool.record_failure(replica, now)
+
+
+def _note_spent(rec: RequestRecord, pool: Pool, f: RetryableFailure) -> None:
+    """Add what a failed attempt's engine reported it consumed (``f.usage``) to ``rec.spent``
+    and its cost at ``pool``'s prices to ``rec.spent_cost_usd``."""
+    if f.usage is None:
+        return
+    rec.spent = f.usage if rec.spent is None else add_usage(rec.spent, f.usage)
+    rec.spent_cost_usd += cost_usd(f.usage, pool.config.prices, rec.flex)
 
 
 def _note_failure(

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from gateway.config import RetryConfig
 from gateway.fleet.pools import Pool, Replica
-from gateway.upstream.attempt import STREAM_4XX
+from gateway.upstream.failures import Failure, traits
 
 
 def full_jitter_backoff_s(
@@ -94,15 +94,15 @@ def next_attempt(
     """
     n = len(history.tried)
     replica, wait = picked, 0.0
-    if replica is None and n > 0 and history.last_reason != STREAM_4XX:
+    if replica is None and n > 0 and history.last_reason != Failure.STREAM_4XX:
         replica, wait = _honour_retry_after(history, pool, now, deadline)
     if replica is None:
         return Stop(StopReason.REPLICAS_EXHAUSTED if n else StopReason.NO_USABLE_REPLICA)
     if n == 0:
         return Go(replica)
     # a refused connection cost the engine nothing, the diagnosis of a stream-4xx is once per
-    # request: neither spends the budget
-    spends = history.last_reason not in ("connect-error", STREAM_4XX)
+    # request: neither spends the budget (``failures.TRAITS``)
+    spends = history.last_reason is None or traits(history.last_reason).spends_budget
     if not wait and history.last_retry_after_s is None:
         # a Retry-After is that replica's alone: another replica goes at once
         wait = full_jitter_backoff_s(n, pool.config.retry, rng)

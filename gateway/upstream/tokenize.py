@@ -17,17 +17,17 @@ import asyncio
 import orjson
 
 from gateway.upstream.client import (
-    Upstream,
     UpstreamBrokenError,
     UpstreamConnectError,
     UpstreamUnreadable,
 )
+from gateway.upstream.transport import UpstreamClient
 
 TOKENIZE_TIMEOUT_S = 2.0  # at most, per continuation (seconds); bounded by the deadline too
 
 
 async def engine_token_count(
-    upstream: Upstream, replica_url: str, served_model: str, texts: tuple[str, ...],
+    upstream: UpstreamClient, replica_url: str, served_model: str, texts: tuple[str, ...],
     timeout_s: float,
 ) -> int | None:
     """The replica's token count of each non-empty text of ``texts``, summed (no special

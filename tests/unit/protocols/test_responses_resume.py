@@ -200,7 +200,9 @@ def test_splice_continues_the_item_numbering_and_sums_usage() -> None:
     assert docs[2]["item"]["id"] == "msg_1" and docs[2]["item"]["status"] == "completed"
     resp = docs[3]["response"]
     total = summed_usage(last, [3])
-    assert resp["id"] == "resp_1" and resp["model"] == "client" and resp["status"] == "completed"
+    # the engine's id ("resp_1") is the gateway's to the client
+    assert resp["id"] == b.ext.response_id
+    assert resp["model"] == "client" and resp["status"] == "completed"
     assert [i["id"] for i in resp["output"]] == ["rs_1", "msg_1"]
     assert resp["output"][1]["content"][0]["text"] == "Hello world!"
     assert resp["usage"]["input_tokens"] == total.prompt == 37  # 20 + (20 - 3 carried)

@@ -106,7 +106,8 @@ async def gateway_on(
 
     def app_for(i: int) -> web.Application:
         async def handle(request: web.Request) -> web.StreamResponse:
-            doc = orjson.loads(await request.read())
+            raw = await request.read()
+            doc = orjson.loads(raw) if raw else {}  # a cancel has no body
             seen.append(Seen(i, {k.lower(): v for k, v in request.headers.items()}, doc))
             return await script(request, i)
 
