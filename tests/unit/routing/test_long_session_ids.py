@@ -33,6 +33,7 @@ def _config(url: str):
         "default_tier": "auto", "tiers": {"standard": pool, "fast": pool}}})
 
 
+@pytest.mark.slow
 async def test_long_session_ids_keep_a_fixed_size_digest_everywhere(sim):
     app = create_app(_config(sim.url))
     async with app.api.router.lifespan_context(app.api):

@@ -159,6 +159,7 @@ async def test_item2_retry_after_http_date_is_honoured():
         assert len(calls) == 2 and calls[1] - calls[0] >= 0.9
 
 
+@pytest.mark.slow
 async def test_item2_retry_after_on_504():
     async def script(request: web.Request, i: int) -> web.StreamResponse:
         await asyncio.sleep(5)
