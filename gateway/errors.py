@@ -220,7 +220,8 @@ def parse_engine_error(
     except orjson.JSONDecodeError:
         doc = None
     if isinstance(doc, dict):
-        inner = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+        error = doc.get("error")
+        inner: dict[str, Any] = error if isinstance(error, dict) else doc
         if isinstance(inner.get("message"), str):
             message = inner["message"]
             param = inner.get("param") if isinstance(inner.get("param"), str) else None

@@ -36,6 +36,10 @@ class BandConfig(_Strict):
     reserved_share: float = Field(0.0, ge=0, lt=1)
 
 
+def _default_service_tier_bands() -> dict[Literal["priority", "default", "flex"], str]:
+    return {"priority": "interactive", "flex": "batch"}
+
+
 def _default_bands() -> list[BandConfig]:
     return [
         BandConfig(name="interactive", max_queue_s=10.0, reserved_share=0.1),
@@ -71,7 +75,7 @@ and one lower-band request is held at most this long in all (``admit.flow.guard`
     bands: list[BandConfig] = Field(default_factory=_default_bands, min_length=1)
     default_band: str = "standard"
     service_tier_bands: dict[Literal["priority", "default", "flex"], str] = Field(
-        default_factory=lambda: {"priority": "interactive", "flex": "batch"}
+        default_factory=_default_service_tier_bands
     )
     max_queue_len: int = Field(10_000, ge=1)
     default_output_tokens: int = Field(256, ge=1)

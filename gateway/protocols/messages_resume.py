@@ -181,7 +181,8 @@ def continuation_body(
     if tools:
         out["tools"] = tools
         choice = doc.get("tool_choice")
-        kind = choice.get("type") if isinstance(choice, dict) else None
+        choice = choice if isinstance(choice, dict) else {}
+        kind = choice.get("type")
         out["tool_choice"] = ({"type": "function", "function": {"name": choice.get("name")}}
                               if kind == "tool" else
                               {"any": "required", "none": "none"}.get(kind or "", "auto"))

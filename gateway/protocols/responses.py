@@ -106,7 +106,8 @@ def _rewrite_response(resp: dict[str, Any], rewrite: Rewrite, previous_id: str |
 def _engine_error(doc: dict[str, Any]) -> UpstreamError:
     """The client-facing error of an engine's ``error`` event or failed response: its message
     kept (never the rest of the document, which may hold output text)."""
-    inner = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+    error = doc.get("error")
+    inner: dict[str, Any] = error if isinstance(error, dict) else doc
     message = inner.get("message")
     return UpstreamError(f"engine error: {message if isinstance(message, str) else 'unknown'}")
 

@@ -112,7 +112,8 @@ class TextSplice(StreamCodec):
                 return DONE, self.ending_events()
             return SKIP, b""
         c = choices[0] if isinstance(choices[0], dict) else {}
-        delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
+        d = c.get("delta")
+        delta: dict[str, Any] = d if isinstance(d, dict) else {}
         if delta.get("tool_calls") or delta_reasoning(delta):
             return self._fail(UpstreamError(
                 f"the continuation of a {self.cut} produced a tool call or reasoning"))
