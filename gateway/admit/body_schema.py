@@ -1,4 +1,4 @@
-"""The request bodies' nested shapes, checked before any replica sees them (DESIGN §1, admit).
+"""The request bodies' nested shapes, checked at admission, before any replica sees them.
 
 Each API's protocol adapter checks its top-level fields (``model``, ``messages``, ``input``,
 ``stream``...); this module checks the types of the nested fields an engine parses, with

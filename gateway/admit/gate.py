@@ -1,4 +1,4 @@
-"""Step 1 of a request, admit: API key → entitlements → rate limits (DESIGN §1, §10).
+"""Step 1 of a request, admit: API key → entitlements → rate limits.
 
 ``Gate`` is what the handler calls, in this order:
 

@@ -1,4 +1,4 @@
-"""Admission under load (DESIGN §13): the ``flow_control:`` section (priority bands, the gateway
+"""Admission under load: the ``flow_control:`` section (priority bands, the gateway
 queue, shedding) and the ``budgets:`` section (session budgets in USD). Units in names."""
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def _default_weights() -> RoutingWeights:
 
 
 class RoutingConfig(_Strict):
-    """Replica choice within a pool (DESIGN §5-6; see ``gateway.routing``).
+    """Replica choice within a pool (see ``gateway.routing``).
 
     ``policy``: ``pipeline`` (filters → weighted scorers → picker) or ``round_robin`` (a
     baseline). ``weights``: scorer name → weight (a missing scorer is off); every scorer scores

@@ -1,4 +1,4 @@
-"""Tier selection: which model and which tier a request asks for (DESIGN §3). Pure.
+"""Tier selection: which model and which tier a request asks for. Pure.
 
 First match wins: header ``x-speedgate-tier`` (standard | fast | auto); a configured model alias
 (``mymodel-fast``); OpenAI's ``service_tier`` (``priority`` → fast, ``default``/``flex``/``scale``

@@ -1,4 +1,4 @@
-"""Client APIs as protocol adapters (DESIGN §11): one module per API, one request path for all.
+"""Client APIs as protocol adapters: one module per API, one request path for all.
 
 The handler (``gateway.handler.ApiRoute``) runs every API through the same steps (admit, plan,
 attempt, relay, account); what differs between APIs is asked of a ``Protocol``

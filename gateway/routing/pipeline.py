@@ -1,5 +1,4 @@
-"""One pool's router: filters → weighted scorers → picker, with the state store's bindings
-(DESIGN §5-6).
+"""One pool's router: filters → weighted scorers → picker, with the state store's bindings.
 
 For each attempt, candidates are the pool's usable replicas not tried yet. With session state
 (a ``prefix`` or ``session`` weight and the store answering):

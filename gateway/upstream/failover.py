@@ -1,5 +1,5 @@
 """Step 3 of a request, attempt: the plan's pools in order, retries on other replicas with
-backoff and a retry budget, fallbacks, and feedback to outlier ejection (DESIGN §7).
+backoff and a retry budget, fallbacks, and feedback to outlier ejection.
 
 Only before anything reached the client: ``open_with_failover`` returns the first attempt
 that produced a first content event (stream) or a whole body (JSON), or raises the last

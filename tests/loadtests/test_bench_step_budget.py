@@ -1,4 +1,4 @@
-"""``loadtests/bench_step_budget.py`` (issue 31: CPU per request and per event by step, py-spy
+"""``loadtests/bench_step_budget.py`` (CPU per request and per event by step, py-spy
 samples against the floor) runs every cell without an error at a tiny size; its output has
 every cell, step and ratio, and each cell's steps sum to its measured total. No speed
 threshold: this machine is shared. The attribution rules are checked on hand-made stacks."""

@@ -1,4 +1,4 @@
-"""Issue 13 item 4, edges a user hits: trailing slashes, the code of an engine 404, the Python
+"""Trailing slashes, the code of an engine 404, the Python
 SDK's read timeout, and what the text access log says. The gateway app in-process in front of
 scripted engines (``tests.unit.upstream.engine_double``)."""
 

@@ -1,4 +1,4 @@
-"""A request's priority band (DESIGN §13). Pure.
+"""A request's priority band. Pure.
 
 First match wins:
 

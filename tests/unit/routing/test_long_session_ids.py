@@ -1,4 +1,4 @@
-"""Issue 21, "long session ids grow memory without bound": a long ``x-session-id`` is kept as a
+"""Fixed: "long session ids grow memory without bound": a long ``x-session-id`` is kept as a
 fixed-size digest everywhere (routing session table, active-session ledger, the auto tier's
 session table, usage totals, the access log), and the tables are bounded by bytes as well as
 entries."""

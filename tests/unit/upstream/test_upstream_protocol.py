@@ -1,4 +1,4 @@
-"""Issue 13 item 2, upstream protocol: compression, Retry-After, usage the client did not ask
+"""Compression, Retry-After, usage the client did not ask
 for, oversized events. The gateway app in-process in front of scripted engines
 (``engine_double``): what the client gets, what each replica received, and what outlier
 detection holds against each replica."""
