@@ -37,10 +37,10 @@ from gateway.protocols.registry import (
 from gateway.protocols.response_store import ResponseStore
 from gateway.protocols.responses import ResponsesProtocol
 from gateway.protocols.responses_routes import add_response_routes
-from gateway.routes.errors import install_error_handlers
+from gateway.routes.json_answers import install_error_handlers
 from gateway.routes.models import add_model_routes
 from gateway.routes.ops import add_ops_routes
-from gateway.routes.usage import add_usage_route
+from gateway.routes.usage_totals import add_usage_route
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState, build_state
 from gateway.telemetry import tokencount

@@ -183,8 +183,9 @@ class UpstreamOverloaded(EngineClientError):
     """503 ``upstream_overloaded``: the engine said it is overloaded (HTTP 529, Anthropic's
     ``overloaded_error``, in-band or as the body's type): busy, not broken, so retried on
     another replica and not counted against the replica's health. The Anthropic shape answers
-    it 529 ``overloaded_error`` (``gateway.protocols.errors``: the gateway's 503 is Anthropic's
-    529); the OpenAI shape 503 ``server_error``, the status OpenAI answers when overloaded."""
+    it 529 ``overloaded_error`` (``gateway.protocols.error_shapes``: the gateway's 503 is
+    Anthropic's 529); the OpenAI shape 503 ``server_error``, the status OpenAI answers when
+    overloaded."""
 
     status = 503
     type = "server_error"

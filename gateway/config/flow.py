@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gateway.config.base import _Strict
-from gateway.config.server import ApiKeyConfig
+from gateway.config.process import ApiKeyConfig
 
 BAND_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 

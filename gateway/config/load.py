@@ -22,7 +22,7 @@ from pydantic_settings import (
 from gateway.config.console import ConsoleConfig
 from gateway.config.flow import BudgetConfig, FlowControlConfig, check_key_bands
 from gateway.config.pool import ModelConfig
-from gateway.config.server import (
+from gateway.config.process import (
     AuthConfig,
     HealthConfig,
     RateLimitConfig,

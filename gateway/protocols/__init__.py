@@ -6,7 +6,7 @@ attempt, relay, account); what differs between APIs is asked of a ``Protocol``
 chat shape for routing keys and token estimates, the output cap, the ``service_tier`` hint),
 which fields the gateway owns and rewrites on the way up (``model``, usage options, ids), how the
 engine's stream is framed and where its first content event and usage are (a per-request
-``base.StreamCodec``), how a JSON answer is rewritten, and how errors look (``errors``).
+``base.StreamCodec``), how a JSON answer is rewritten, and how errors look (``error_shapes``).
 
 Public surface:
 
@@ -17,7 +17,7 @@ Public surface:
 - ``body``: ``ParsedBody`` (the fields the gateway reads, the chat-shaped ``conversation``),
   the chat/completions ``parse_body`` and ``upstream_body`` (the client's bytes with ``model``
   and usage options spliced in, never re-serialised) and ``splice_model``;
-- ``errors``: the OpenAI and Anthropic error shapes (``OPENAI_ERRORS``, ``ANTHROPIC_ERRORS``);
+- ``error_shapes``: the OpenAI and Anthropic error shapes (``OPENAI_ERRORS``, ``ANTHROPIC_ERRORS``);
 - ``openai_chat``: ``ChatProtocol`` (``/v1/chat/completions``), ``CompletionsProtocol``
   (``/v1/completions``) and their stream codec ``OpenAIStream`` with ``ChunkRewriter``;
 - ``openai_resume``: what a broken OpenAI stream gave the client (``resume_point``), the

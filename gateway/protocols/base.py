@@ -16,7 +16,7 @@ makes for one stream. The request path asks, in order:
 6. ``codec(body, rewrite)`` for a stream, or ``json_usage`` + ``rewrite_json`` for a JSON answer;
 7. ``await finish(body, key_id, final_doc)`` after a successful answer (e.g. store it);
 8. ``output_text`` / ``json_output_text`` when the engine reported no usage (tiktoken estimate);
-   ``errors`` shapes every error the gateway answers.
+   ``error_shapes`` shapes every error the gateway answers.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from gateway.plan.tiers import TIER_TO_SERVICE_TIER
 from gateway.protocols.body import ParsedBody
 
 if TYPE_CHECKING:
-    from gateway.protocols.errors import ErrorShape
+    from gateway.protocols.error_shapes import ErrorShape
     from gateway.telemetry.record import RequestRecord
 
 # Verdicts of ``StreamCodec.event``: what the relay does with one engine event.

@@ -61,7 +61,7 @@ from gateway.protocols.base import (
     named_event,
 )
 from gateway.protocols.body import ParsedBody, splice_model
-from gateway.protocols.errors import ANTHROPIC_ERRORS, ErrorShape
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, ErrorShape
 from gateway.protocols.messages_request import ANTHROPIC_SERVICE_TIERS, parse_messages
 from gateway.protocols.messages_resume import (
     CONTINUATION_PATH,

@@ -36,7 +36,7 @@ from gateway.protocols.base import (
     json_object,
 )
 from gateway.protocols.body import ParsedBody, parse_body, upstream_body
-from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
+from gateway.protocols.error_shapes import OPENAI_ERRORS, ErrorShape
 from gateway.protocols.openai_assemble import AssemblyCodec, assemble
 from gateway.protocols.openai_resume import continuation_body, resume_point
 from gateway.protocols.openai_splice import OpenAISplice, stream_ending

@@ -56,7 +56,7 @@ from gateway.protocols.base import (
     named_event,
 )
 from gateway.protocols.body import ParsedBody, load_json_object, splice_model
-from gateway.protocols.errors import RESPONSES_ERRORS, ErrorShape
+from gateway.protocols.error_shapes import RESPONSES_ERRORS, ErrorShape
 from gateway.protocols.openai_chat import is_content as chat_is_content
 from gateway.protocols.response_store import ResponseStore
 from gateway.protocols.responses_items import (

@@ -41,7 +41,7 @@ from gateway.common.usage import Usage
 from gateway.errors import GatewayError
 from gateway.protocols.base import ResumePoint, StreamCodec, named_event
 from gateway.protocols.body import ParsedBody
-from gateway.protocols.errors import RESPONSES_ERRORS
+from gateway.protocols.error_shapes import RESPONSES_ERRORS
 from gateway.protocols.openai_resume import heal_tail
 from gateway.protocols.text_splice import TextSplice, chat_continuation
 from gateway.telemetry.tokencount import count_text

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.plan.tiers import ModelIndex
-from gateway.routes.errors import error_response, json_response
+from gateway.routes.json_answers import error_response, json_response
 
 
 def add_model_routes(

@@ -25,7 +25,7 @@ from gateway.protocols.base import (
     HEAD_MALFORMED,
     Rewrite,
 )
-from gateway.protocols.errors import ANTHROPIC_ERRORS, RESPONSES_ERRORS
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, RESPONSES_ERRORS
 from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
 from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
 from gateway.protocols.response_store import MemoryResponseStore

@@ -19,7 +19,7 @@ from gateway.admit.audit import client_addr
 from gateway.admit.auth import PermissionDenied
 from gateway.admit.gate import Gate
 from gateway.errors import GatewayError
-from gateway.routes.errors import error_response, json_response
+from gateway.routes.json_answers import error_response, json_response
 from gateway.state import GatewayState
 from gateway.telemetry.usage_store import UsageStoreUnavailable
 
