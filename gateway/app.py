@@ -3,7 +3,7 @@
 The hot-path routes, one per client API (``gateway.protocols``), are raw ASGI apps
 (``handler.ApiRoute``); the rest (models, health, metrics, usage, stored responses, the console)
 are ordinary FastAPI routes, each in its own module (``gateway.routes``,
-``protocols.responses_routes``, ``console.routes``). The state is built once, finished, before
+``protocols.responses.routes``, ``console.routes``). The state is built once, finished, before
 the server's loop runs (``gateway.state.build_state``); the lifespan starts and stops what it
 holds. No compression middleware: ``text/event-stream`` is never compressed.
 """
@@ -34,9 +34,9 @@ from gateway.protocols.registry import (
     longest_deadline_s,
     response_store,
 )
-from gateway.protocols.response_store import ResponseStore
-from gateway.protocols.responses import ResponsesProtocol
-from gateway.protocols.responses_routes import add_response_routes
+from gateway.protocols.responses.protocol import ResponsesProtocol
+from gateway.protocols.responses.routes import add_response_routes
+from gateway.protocols.responses.store import ResponseStore
 from gateway.routes.json_answers import install_error_handlers
 from gateway.routes.models import add_model_routes
 from gateway.routes.ops import add_ops_routes

@@ -450,7 +450,7 @@ def bench() -> dict[str, Any]:
     from gateway.admit.body_schema import check_body_schema
     from gateway.admit.parse import OFFLOAD_PARSE_BYTES, parse_checked, read_checked
     from gateway.admit.tool_schema import schema_problem
-    from gateway.protocols.messages import MessagesProtocol
+    from gateway.protocols.messages.protocol import MessagesProtocol
 
     rng = random.Random(0)
     small = _messages_body(rng)

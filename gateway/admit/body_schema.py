@@ -109,7 +109,7 @@ class ResponsesPart(TypedDict, total=False):
 #: The input item types of OpenAI's Responses API (the ``type`` literals of the ``openai``
 #: SDK's ``ResponseInputItemParam`` union, openai 3.57), which vLLM's request model takes
 #: (``ResponseInputOutputItem``): the gateway converts message, function call/output and
-#: reasoning items for its routing keys and state (``gateway.protocols.responses_items``) and
+#: reasoning items for its routing keys and state (``gateway.protocols.responses.items``) and
 #: forwards the others for the engine to render (Codex sends ``custom_tool_call`` items for its
 #: patch tool). Any other type is refused (OpenAI answers 400 ``input[i].type``, vLLM's union
 #: refuses it) rather than forwarded to be dropped or mis-rendered.

@@ -25,7 +25,7 @@ def test_a_sample_belongs_to_its_innermost_step() -> None:
     assert step_of(["handle (gateway/relay/stream.py:3)", "read (aiohttp/streams.py:5)"]) == (
         "http stack")
     assert step_of(["run (uvicorn/server.py:1)", "__call__ (gateway/app.py:7)"]) == "other"
-    assert step_of(["x (gateway/protocols/openai_splice.py:2)"]) == "relay"
+    assert step_of(["x (gateway/protocols/openai/splice.py:2)"]) == "relay"
     assert step_of(["<module> (spin.py:1)"]) == "other"
 
 

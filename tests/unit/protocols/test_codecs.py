@@ -26,10 +26,10 @@ from gateway.protocols.base import (
     Rewrite,
 )
 from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, RESPONSES_ERRORS
-from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
-from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
-from gateway.protocols.response_store import MemoryResponseStore
-from gateway.protocols.responses import ResponsesProtocol
+from gateway.protocols.messages.protocol import CountTokensProtocol, MessagesProtocol
+from gateway.protocols.openai.chat import ChatProtocol, CompletionsProtocol
+from gateway.protocols.responses.protocol import ResponsesProtocol
+from gateway.protocols.responses.store import MemoryResponseStore
 from gateway.relay.stream import StreamLimits, relay_events
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import Telemetry

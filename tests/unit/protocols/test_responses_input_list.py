@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.protocols.responses_input_list import list_page, listed_item, parse_limit
+from gateway.protocols.responses.input_list import list_page, listed_item, parse_limit
 
 RID = "resp_" + "ab" * 16
 

@@ -9,7 +9,7 @@ from gateway.config import OutlierConfig, RetryConfig
 from gateway.errors import InvalidRequest, UpstreamError
 from gateway.fleet.outlier import OutlierState, max_ejected, record_failure, record_success
 from gateway.fleet.retry_budget import RetryBudget
-from gateway.protocols.openai_chat import is_content
+from gateway.protocols.openai.chat import is_content
 from gateway.upstream.attempt import RetryableFailure, parse_retry_after
 from gateway.upstream.deadline import header_timeout_s, total_timeout_s
 from gateway.upstream.failover import _note_failure

@@ -1,7 +1,7 @@
 """The codec that splices a continuation's chunks into the client's OpenAI stream
 (``OpenAISplice``: one id, one role chunk, the healed tail dropped, usage summed over the
 attempts) and the end the gateway writes for a stream whose every choice finished before its
-replica broke it (``stream_ending``). The continuation itself is ``openai_resume``'s."""
+replica broke it (``stream_ending``). The continuation itself is ``openai.resume``'s."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The part the splices of a chat-completions continuation into a typed-event stream share
 (``TextSplice``: Messages' ``MessagesSplice``, Responses' ``ResponsesSplice``): read each chat
 chunk of the continuation, sum the usage over the attempts, drop the healed tail the client
-already has (token healing, ``openai_resume.heal_tail``), note the finish, and hand each new
+already has (token healing, ``openai.resume.heal_tail``), note the finish, and hand each new
 piece of text to the protocol's own event (``text_event``) and the end to its own ending
 (``ending_events``)."""
 
@@ -15,7 +15,7 @@ from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec
-from gateway.protocols.openai_splice import delta_reasoning, summed_usage
+from gateway.protocols.openai.splice import delta_reasoning, summed_usage
 from gateway.telemetry.tokencount import count_text
 
 

@@ -20,11 +20,11 @@ are the API's ``error`` event. The response object is rewritten: ``model`` back 
 client's name, ``service_tier`` the tier that served, ``previous_response_id`` as the client
 sent it.
 
-Mid-stream resume (``responses_resume``): a stream broken inside a message item's text is
+Mid-stream resume (``responses.resume``): a stream broken inside a message item's text is
 continued through the engine's ``/v1/chat/completions`` (``continuation_path``) and spliced
 into the client's stream; the codec's ``framing`` keeps what that needs.
 
-State (``responses_state.ResponsesState``, attribute ``state``): stored responses expand
+State (``responses.state.ResponsesState``, attribute ``state``): stored responses expand
 ``previous_response_id`` and answer ``GET``/``DELETE /v1/responses/{id}``; responses in flight
 on this process can be cancelled (``POST /v1/responses/{id}/cancel``).
 """
@@ -57,23 +57,23 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.body import ParsedBody, load_json_object, splice_model
 from gateway.protocols.error_shapes import RESPONSES_ERRORS, ErrorShape
-from gateway.protocols.openai_chat import is_content as chat_is_content
-from gateway.protocols.response_store import ResponseStore
-from gateway.protocols.responses_items import (
+from gateway.protocols.openai.chat import is_content as chat_is_content
+from gateway.protocols.responses.items import (
     DELTA_EVENTS,
     chat_view,
     event_text,
     input_items,
     output_items_text,
 )
-from gateway.protocols.responses_resume import (
+from gateway.protocols.responses.resume import (
     CONTINUATION_PATH,
     Framing,
     ResponsesSplice,
     continuation_body,
     resume_point,
 )
-from gateway.protocols.responses_state import ResponsesState, Turn
+from gateway.protocols.responses.state import ResponsesState, Turn
+from gateway.protocols.responses.store import ResponseStore
 from gateway.telemetry.record import RequestRecord
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -114,7 +114,7 @@ def _engine_error(doc: dict[str, Any]) -> UpstreamError:
 
 class ResponsesStream(StreamCodec):
     """One Responses stream (module docstring); ``framing`` is what it relayed of the
-    stream's framing (``responses_resume.Framing``: the last ``sequence_number`` seen, so a
+    stream's framing (``responses.resume.Framing``: the last ``sequence_number`` seen, so a
     gateway error event continues the numbering, and what a mid-stream resume continues)."""
 
     __slots__ = ("framing", "previous_id", "rewrite")

@@ -37,9 +37,9 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.body import ParsedBody, parse_body, upstream_body
 from gateway.protocols.error_shapes import OPENAI_ERRORS, ErrorShape
-from gateway.protocols.openai_assemble import AssemblyCodec, assemble
-from gateway.protocols.openai_resume import continuation_body, resume_point
-from gateway.protocols.openai_splice import OpenAISplice, stream_ending
+from gateway.protocols.openai.assemble import AssemblyCodec, assemble
+from gateway.protocols.openai.resume import continuation_body, resume_point
+from gateway.protocols.openai.splice import OpenAISplice, stream_ending
 from gateway.telemetry.tokencount import completion_text, response_text
 
 _MISSING = object()
@@ -263,7 +263,7 @@ class CompletionsProtocol(ChatProtocol):
 
 def _assembled(body: ParsedBody) -> ParsedBody:
     """A non-stream request is streamed upstream and its JSON answer assembled by the gateway
-    (``gateway.protocols.openai_assemble``): staged timeouts and resume apply to it too. Not
+    (``gateway.protocols.openai.assemble``): staged timeouts and resume apply to it too. Not
     one asking for ``prompt_logprobs``: vLLM refuses them with ``stream: true`` (its request
     validators in vllm/entrypoints/openai/protocol.py), so it goes upstream as JSON."""
     body.assemble = not body.stream and body.doc.get("prompt_logprobs") is None

@@ -34,8 +34,8 @@ from gateway.errors import GatewayError
 from gateway.protocols.base import ResumePoint, StreamCodec, named_event
 from gateway.protocols.body import ParsedBody
 from gateway.protocols.error_shapes import ANTHROPIC_ERRORS
-from gateway.protocols.openai_resume import heal_tail
-from gateway.protocols.text_splice import TextSplice, chat_continuation
+from gateway.protocols.openai.resume import heal_tail
+from gateway.protocols.splice.text_splice import TextSplice, chat_continuation
 from gateway.telemetry.tokencount import count_text
 
 #: the engine's chat path the continuation is sent to (module docstring)

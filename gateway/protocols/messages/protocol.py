@@ -62,14 +62,14 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.body import ParsedBody, splice_model
 from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, ErrorShape
-from gateway.protocols.messages_request import ANTHROPIC_SERVICE_TIERS, parse_messages
-from gateway.protocols.messages_resume import (
+from gateway.protocols.messages.request import ANTHROPIC_SERVICE_TIERS, parse_messages
+from gateway.protocols.messages.resume import (
     CONTINUATION_PATH,
     MessagesSplice,
     continuation_body,
     resume_point,
 )
-from gateway.protocols.openai_chat import is_content as chat_is_content
+from gateway.protocols.openai.chat import is_content as chat_is_content
 
 _USAGE_FIELDS = (
     "input_tokens",
