@@ -54,6 +54,7 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     Protocol,
+    Resumable,
     ResumePoint,
     Rewrite,
     StreamCodec,
@@ -193,7 +194,7 @@ def _delta_text(doc: dict[str, Any]) -> str:
     return ""
 
 
-class MessagesProtocol(Protocol):
+class MessagesProtocol(Protocol, Resumable):
     """``POST /v1/messages`` (module docstring)."""
 
     name = "messages"

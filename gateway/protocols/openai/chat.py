@@ -29,7 +29,9 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     SKIP,
+    Assembling,
     Protocol,
+    Resumable,
     ResumePoint,
     Rewrite,
     StreamCodec,
@@ -170,7 +172,7 @@ class OpenAIStream(StreamCodec):
         return stream_ending(self.rewriter, relayed, report, ident)
 
 
-class ChatProtocol(Protocol):
+class ChatProtocol(Protocol, Resumable, Assembling):
     """``POST /v1/chat/completions``."""
 
     name = "chat"

@@ -49,6 +49,7 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     Protocol,
+    Resumable,
     ResumePoint,
     Rewrite,
     StreamCodec,
@@ -170,7 +171,7 @@ class ResponsesStream(StreamCodec):
         return self.framing.blocker(point)
 
 
-class ResponsesProtocol(Protocol):
+class ResponsesProtocol(Protocol, Resumable):
     """``POST /v1/responses`` and the state behind ``GET``/``DELETE``/``cancel``."""
 
     name = "responses"
