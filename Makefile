@@ -115,7 +115,7 @@ bench-clients: $(STAMP)  ## aiohttp vs httpx as the upstream client
 	$(BIN)/python -m loadtests.bench_http_clients
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
 
 .PHONY: loadtest race capacity capacity-core relay-events step-budget
 loadtest: $(STAMP)  ## locust on the CPU stack -> reports/loadtest-<time>/summary.md + plots (ARGS=...)
