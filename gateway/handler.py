@@ -23,7 +23,6 @@ from gateway.account import account
 from gateway.admit.admission import Ticket
 from gateway.admit.auth import ApiKey
 from gateway.admit.gate import Gate
-from gateway.admit.kv_fit import fit_replicas
 from gateway.admit.parse import read_checked
 from gateway.admit.ratelimit import Reservation
 from gateway.admit.session import body_session, derived_session, header_session
@@ -38,6 +37,7 @@ from gateway.asgi import (
 from gateway.errors import GatewayError
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import plan_request
+from gateway.plan.kv_fit import fit_replicas
 from gateway.protocols.base import Protocol, Rewrite
 from gateway.relay.answer import end_stream_with_error, usage_headers
 from gateway.relay.assembled import assemble_json

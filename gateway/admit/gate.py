@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Literal
 
 from gateway.admit.audit import AuditLog, client_addr
 from gateway.admit.auth import (
@@ -40,11 +39,11 @@ from gateway.admit.ratelimit_redis import RedisLimiter
 from gateway.asgi import Scope, header
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
+from gateway.plan.kv_fit import estimate_tokens
 from gateway.plan.tiers import TierRequest
 from gateway.protocols.base import Protocol
 from gateway.protocols.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tokencount import count_prompt_async
 
 log = logging.getLogger("speedgate.admission")
 
@@ -199,22 +198,3 @@ class Gate:
         if self._own_redis is not None:
             await self._own_redis.close()
 
-
-async def estimate_tokens(
-    doc: dict[str, Any], kind: Literal["chat", "completion"], raw_size: int, encoding: Any
-) -> int:
-    """Tokens to reserve at admission: the prompt counted with tiktoken plus the output cap
-    the client set (``max_completion_tokens`` or ``max_tokens``; 0 when unset)."""
-    try:
-        prompt = await count_prompt_async(doc, kind, size_hint=raw_size, encoding=encoding)
-    except Exception:  # an odd body shape must not fail admission: bytes / 4 (OpenAI's rule)
-        prompt = raw_size // 4
-    return prompt + output_cap(doc)
-
-
-def output_cap(doc: dict[str, Any]) -> int:
-    """The output tokens a chat-shaped body asks for at most (``max_completion_tokens`` or
-    ``max_tokens``; 0 when unset or invalid, at most 10M)."""
-    cap = doc.get("max_completion_tokens", doc.get("max_tokens"))
-    out = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else 0
-    return min(out, 10_000_000)
