@@ -1,4 +1,5 @@
-# speedgate: the two commands a newcomer needs are `make demo` and `make test`.
+# speedgate: the two commands a newcomer needs are `make demo` and `make test`; `make check` is
+# the contributor's inner loop (docs/contributing.md says which target to run when).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -6,7 +7,8 @@ PIP := $(BIN)/pip install --quiet --disable-pip-version-check
 RUNTIME := $(VENV)/.installed-runtime
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo test test-unit test-e2e test-agents lint docs docs-serve bench bench-clients clean
+.PHONY: install demo test check typecheck test-unit test-e2e test-integration test-vllm test-agents \
+	test-clients test-deploy test-bench lint docs docs-serve bench bench-clients clean
 
 # Installs into the venv with uv when it can be had (it resolves and downloads in parallel:
 # ~4 s cold for the runtime here, against ~25 s for pip): the uv on PATH, else one that the
@@ -68,11 +70,41 @@ docs: $(STAMP)  ## build the documentation site into build/site (strict: dead li
 docs-serve: $(STAMP)  ## serve the documentation site on http://127.0.0.1:8000, rebuilt on edits
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-test-unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+# The tiers below split `make test`'s suite by what a test starts: check (no process stacks, on
+# two workers, under a minute), unit (check's tests plus the slow ones), e2e (simulator replicas
+# and gateways as processes), integration (real vLLM, agents, client SDKs, deployment files)
+# and the benchmarks' own tests (short runs of each benchmark).
+check: $(STAMP)  ## inner loop, under a minute: ruff, mypy, unit and architecture tests (no slow ones)
+	bash tests/ensure-redis.sh
+	$(BIN)/ruff check .
+	$(BIN)/mypy gateway
+	$(BIN)/pytest -q -n 2 -m "not slow" tests/unit tests/architecture
 
-test-e2e: $(STAMP)
-	$(BIN)/pytest -q tests/e2e
+typecheck: $(STAMP)  ## mypy gateway (configured under [tool.mypy] in pyproject.toml)
+	$(BIN)/mypy gateway
+
+test-unit: $(STAMP)  ## unit and architecture tests, the slow ones included (fuzzing, real timeouts)
+	bash tests/ensure-redis.sh
+	$(BIN)/pytest -q tests/unit tests/architecture
+
+test-e2e: $(STAMP)  ## simulator replicas and gateways as real processes (Envoy, chaos, browser)
+	bash tests/ensure-redis.sh
+	$(BIN)/pytest -q tests/e2e tests/engines tests/ci
+
+test-integration: test-vllm test-agents test-clients test-deploy  ## every integration target below
+
+test-vllm: $(STAMP)  ## CPU vLLM with a tiny local model behind a gateway (skipped without vLLM)
+	$(BIN)/pytest -q tests/integration_vllm
+
+test-clients: $(STAMP)  ## the official Python and Node SDKs and agent frameworks through a gateway
+	$(BIN)/pytest -q tests/clients
+
+test-deploy: $(STAMP)  ## Dockerfile, compose and Kubernetes files, packaging, the stack scripts
+	$(BIN)/pytest -q tests/deploy
+
+test-bench: $(STAMP)  ## each benchmark (loadtests/) on a short run, its report and its targets
+	bash tests/ensure-redis.sh
+	$(BIN)/pytest -q tests/loadtests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -84,7 +116,7 @@ bench-clients: $(STAMP)  ## aiohttp vs httpx as the upstream client
 	$(BIN)/python -m loadtests.bench_http_clients
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
 
 .PHONY: loadtest race capacity capacity-core relay-events step-budget
 loadtest: $(STAMP)  ## locust on the CPU stack -> reports/loadtest-<time>/summary.md + plots (ARGS=...)

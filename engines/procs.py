@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import IO, Any
 
 
 def die_with_parent() -> None:
@@ -113,7 +114,7 @@ def stop_processes(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 def spawn_reporting_port(
     cmd: list[str],
     *,
-    stdout: object = subprocess.DEVNULL,
+    stdout: int | IO[Any] | None = subprocess.DEVNULL,
     env: dict[str, str] | None = None,
     timeout_s: float = 30.0,
     host: str = "127.0.0.1",
@@ -129,7 +130,7 @@ def spawn_reporting_port(
     port_file = tmp / "port"
     proc = subprocess.Popen(
         [*cmd, "--port-file", str(port_file)],
-        stdout=stdout,  # type: ignore[arg-type]
+        stdout=stdout,
         stderr=None if stdout is subprocess.DEVNULL else subprocess.STDOUT,
         start_new_session=True,
         preexec_fn=die_with_parent,

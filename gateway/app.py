@@ -3,7 +3,7 @@
 The hot-path routes, one per client API (``gateway.protocols``), are raw ASGI apps
 (``handler.ApiRoute``); the rest (models, health, metrics, usage, stored responses, the console)
 are ordinary FastAPI routes, each in its own module (``gateway.routes``,
-``protocols.responses_routes``, ``console.routes``). The state is built once, finished, before
+``protocols.responses.routes``, ``console.routes``). The state is built once, finished, before
 the server's loop runs (``gateway.state.build_state``); the lifespan starts and stops what it
 holds. No compression middleware: ``text/event-stream`` is never compressed.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -34,13 +34,13 @@ from gateway.protocols.registry import (
     longest_deadline_s,
     response_store,
 )
-from gateway.protocols.response_store import ResponseStore
-from gateway.protocols.responses import ResponsesProtocol
-from gateway.protocols.responses_routes import add_response_routes
-from gateway.routes.errors import install_error_handlers
+from gateway.protocols.responses.protocol import ResponsesProtocol
+from gateway.protocols.responses.routes import add_response_routes
+from gateway.protocols.responses.store import ResponseStore
+from gateway.routes.json_answers import install_error_handlers
 from gateway.routes.models import add_model_routes
 from gateway.routes.ops import add_ops_routes
-from gateway.routes.usage import add_usage_route
+from gateway.routes.usage_totals import add_usage_route
 from gateway.routing.service import RoutingService
 from gateway.state import GatewayState, build_state
 from gateway.telemetry import tokencount
@@ -99,63 +99,65 @@ def _lifespan(
 ) -> Any:
     """The lifespan of ``state``: everything that needs the server's loop (the upstream session,
     probes, discovery, the load scraper, routing's Redis watcher, the auto tier, telemetry
-    export, the cancel bus) starts here and stops, in reverse, at shutdown."""
+    export, the cancel bus) starts here and stops, in reverse, at shutdown; when a start fails,
+    what had started stops before the error propagates (an ``AsyncExitStack``)."""
     config, pools, metrics = state.config, state.pools, state.metrics
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         upstream, health, auto, telemetry = (state.upstream, state.health, state.auto,
                                              state.telemetry)
-        upstream.open()
-        routing = RoutingService(config, pools, redis=redis)
-        scraper = LoadScraper(pools, upstream)  # engine load, read by routing and the auto tier
-        routing_collector = routing.register_metrics(metrics.registry)
-        process_collector = ProcessCollector(asyncio.get_running_loop())
-        metrics.registry.register(process_collector)
-        gc_stats, gc_settings = GcStats(), GcSettings()
-        metrics.registry.register(gc_stats)
-        discoveries = await start_discoveries(pools)
-        bus = cancel_bus(config)  # cancels between gateway replicas (Redis)
-        responses.state.attach(upstream, bus, longest_deadline_s(config))
-        await tokencount.warm_up(config.telemetry.usage_estimate_encoding)
-        tokencount.configure_cache(config.telemetry.token_count_cache_entries,
-                                   config.telemetry.token_count_block_chars)
-        await telemetry.start()
-        health.start()
-        routing.start()
-        scraper.start()
-        auto.start()
-        sweeper = asyncio.get_running_loop().create_task(state.sessions.run())  # idle ends
-        gc_settings.settle()  # start-up heap frozen, thresholds set (telemetry.gcstats)
-        gc_stats.install()  # collections counted from here on
-        try:
-            yield {GUARD_KEY: guard}  # the ASGI lifespan state: uvicorn hands it to protocols
-        finally:
-            gc_settings.restore()
-            gc_stats.uninstall()
-            metrics.registry.unregister(gc_stats)
-            sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
-            await auto.stop()
-            await scraper.stop()
-            await routing.stop()
-            metrics.registry.unregister(routing_collector)
-            metrics.registry.unregister(process_collector)
-            for disc in discoveries:
-                await disc.stop()
-            await health.stop()
-            await upstream.close()
-            await telemetry.shutdown()
-            await state.usage.close()
-            await gate.close()
+        # each start is followed at once by its stop on the stack: at shutdown, or when a later
+        # start fails, what did start stops, in reverse order (one stop failing skips none)
+        async with AsyncExitStack() as stack:
+            # what create_app built, closed last whatever happens below
+            stack.push_async_callback(responses_store.close)
+            stack.push_async_callback(state.admission.close)
             if redis is not None:
-                await redis.close()
-            await state.admission.close()
-            await responses_store.close()
+                stack.push_async_callback(redis.close)
+            stack.push_async_callback(gate.close)
+            stack.push_async_callback(state.usage.close)
+            upstream.open()
+            stack.push_async_callback(upstream.close)
+            routing = RoutingService(config, pools, redis=redis)
+            scraper = LoadScraper(pools, upstream)  # engine load, read by routing and auto tier
+            routing_collector = routing.register_metrics(metrics.registry)
+            stack.callback(metrics.registry.unregister, routing_collector)
+            process_collector = ProcessCollector(asyncio.get_running_loop())
+            metrics.registry.register(process_collector)
+            stack.callback(metrics.registry.unregister, process_collector)
+            gc_stats, gc_settings = GcStats(), GcSettings()
+            metrics.registry.register(gc_stats)
+            stack.callback(metrics.registry.unregister, gc_stats)
+            for disc in await start_discoveries(pools):
+                stack.push_async_callback(disc.stop)
+            bus = cancel_bus(config)  # cancels between gateway replicas (Redis)
             if bus is not None:
-                await bus.stop()
+                stack.push_async_callback(bus.stop)
+            responses.state.attach(upstream, bus, longest_deadline_s(config))
+            await tokencount.warm_up(config.telemetry.usage_estimate_encoding)
+            tokencount.configure_cache(config.telemetry.token_count_cache_entries,
+                                       config.telemetry.token_count_block_chars)
+            await telemetry.start()
+            stack.push_async_callback(telemetry.shutdown)
+            for component in (health, routing, scraper, auto):
+                component.start()
+                stack.push_async_callback(component.stop)
+            sweeper = asyncio.get_running_loop().create_task(state.sessions.run())  # idle ends
+            stack.push_async_callback(_cancelled, sweeper)
+            gc_settings.settle()  # start-up heap frozen, thresholds set (telemetry.gcstats)
+            stack.callback(gc_settings.restore)
+            gc_stats.install()  # collections counted from here on
+            stack.callback(gc_stats.uninstall)
+            yield {GUARD_KEY: guard}  # the ASGI lifespan state: uvicorn hands it to protocols
 
     return lifespan
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait for it to end (its exception, if any, swallowed)."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def create_app(config: GatewayConfig) -> SpeedgateApp:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+from collections.abc import MutableMapping
 from types import TracebackType
 from typing import Any
 
@@ -18,7 +19,7 @@ from gateway.errors import (
     UnsupportedMediaType,
 )
 
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]  # as Starlette declares it (request.scope)
 Message = dict[str, Any]
 
 

@@ -66,9 +66,9 @@ def _cmd_picker(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from gateway.picker.grpc_server import serve_picker
     from gateway.picker.kube import in_cluster_api
     from gateway.picker.runtime import PickerRuntime
-    from gateway.picker.server import serve_picker
 
     try:
         config = load_config(args.config)

@@ -188,8 +188,9 @@ class UpstreamOverloaded(EngineClientError):
     """503 ``upstream_overloaded``: the engine said it is overloaded (HTTP 529, Anthropic's
     ``overloaded_error``, in-band or as the body's type): busy, not broken, so retried on
     another replica and not counted against the replica's health. The Anthropic shape answers
-    it 529 ``overloaded_error`` (``gateway.protocols.errors``: the gateway's 503 is Anthropic's
-    529); the OpenAI shape 503 ``server_error``, the status OpenAI answers when overloaded."""
+    it 529 ``overloaded_error`` (``gateway.protocols.error_shapes``: the gateway's 503 is
+    Anthropic's 529); the OpenAI shape 503 ``server_error``, the status OpenAI answers when
+    overloaded."""
 
     status = 503
     type = "server_error"
@@ -225,7 +226,8 @@ def parse_engine_error(
     except orjson.JSONDecodeError:
         doc = None
     if isinstance(doc, dict):
-        inner = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+        error = doc.get("error")
+        inner: dict[str, Any] = error if isinstance(error, dict) else doc
         if isinstance(inner.get("message"), str):
             message = inner["message"]
             param = inner.get("param") if isinstance(inner.get("param"), str) else None

@@ -1,4 +1,4 @@
-"""The path of one request, top-down: admit → plan → attempt → relay → account (DESIGN §1).
+"""The path of one request, top-down: admit → plan → attempt → relay → account.
 
 ``ApiRoute`` is a raw ASGI app serving one client API (``/v1/chat/completions``,
 ``/v1/completions``, ``/v1/responses``, ``/v1/messages``, ``/v1/messages/count_tokens``): no

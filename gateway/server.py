@@ -10,6 +10,7 @@ import resource
 import socket
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from gateway import __version__
 from gateway.config import GatewayConfig, ServerConfig
@@ -157,7 +158,7 @@ def run_server(
     sock = bind_listener(srv.host, srv.port)
     port = int(sock.getsockname()[1])
     print(startup_summary(config, port), file=sys.stderr, flush=True)
-    common = dict(
+    common: dict[str, Any] = dict(
         host=srv.host,
         port=port,
         loop="uvloop",

@@ -1,4 +1,4 @@
-"""Prefix-cache affinity benchmark (issue 4): agent sessions against simulated replicas under
+"""Prefix-cache affinity benchmark: agent sessions against simulated replicas under
 five routing policies, on the same workload in one run.
 
 Workload: ``--sessions`` agent sessions × ``--turns`` turns. Every session shares one system

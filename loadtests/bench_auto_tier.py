@@ -1,4 +1,4 @@
-"""The ``auto`` tier benchmark (issue 10): all-standard vs all-fast vs auto, from light to
+"""The ``auto`` tier benchmark: all-standard vs all-fast vs auto, from light to
 saturating load, and under a load that rises and falls.
 
 Engines: ``--replicas`` simulated replicas per pool (``engines.sim``; standard, and speculative

@@ -1,6 +1,6 @@
 """Capacity per core: what one gateway core relays, against a raw engine that costs ~nothing.
 
-Setup (issue 18): a raw zero-delay engine (``loadtests.raw_engine``: pre-serialised answers,
+Setup: a raw zero-delay engine (``loadtests.raw_engine``: pre-serialised answers,
 ``--chunks`` content chunks per stream, not the simulator, which is heavier than the gateway)
 and this process's closed-loop load generator share one core; the gateway (one worker unless
 ``--workers``) has the other to itself (``os.sched_setaffinity``, when there are two or more

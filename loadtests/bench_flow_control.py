@@ -1,4 +1,4 @@
-"""Flow control benchmark (issue 17): interactive TTFT under a batch-agent flood, with and
+"""Flow control benchmark: interactive TTFT under a batch-agent flood, with and
 without priority bands and fair queuing, side by side in one run.
 
 Engines: ``--replicas`` simulated standard replicas (``engines.sim``), each running at most

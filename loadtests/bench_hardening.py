@@ -1,4 +1,4 @@
-"""Hardening figures (issue 21): what slow clients and long session ids cost one gateway process.
+"""Hardening figures: what slow clients and long session ids cost one gateway process.
 
 Starts one zero-delay simulator per tier and one gateway process with its default server
 settings (the model's default tier is ``auto``, so the auto tier's session table is used too),

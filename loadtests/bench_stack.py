@@ -1,4 +1,4 @@
-"""The gateway and its floor on candidate stacks (issue 31's stack check): uvicorn + aiohttp
+"""The gateway and its floor on candidate stacks (the stack check): uvicorn + aiohttp
 against granian and against the pyreqwest client, CPU per request, side by side in one run.
 
 A raw zero-delay burst engine (``loadtests.raw_engine``, ``--chunks`` chunks per stream) and

@@ -1,4 +1,4 @@
-"""The step budget (issue 31): where the gateway's CPU per request and per event goes, step by
+"""The step budget: where the gateway's CPU per request and per event goes, step by
 step, against the floor of its HTTP stack, measured in one run.
 
 Setup: two raw zero-delay engines (``loadtests.raw_engine``), *burst* (each stream's events in
@@ -21,7 +21,7 @@ generator's core), attributed to the request path's steps by module
 (``loadtests.profile_steps``: admit, plan, route, attempt, relay, account, telemetry, http
 stack, other). A step's µs are the cell's measured CPU times its share of the samples, so the
 steps sum to the total. The report: per step µs per request and per event, gateway vs floor
-ratios against issue 31's targets (non-stream ≤ 2.0× floor, per event ≤ 1.3× floor,
+ratios against the step budget's targets (non-stream ≤ 2.0× floor, per event ≤ 1.3× floor,
 non-stream ≤ 1.1× stream, p99 at c=32 ≤ 1.5× floor p99) and the top ``--top`` functions (self
 and cumulative % of the samples) of each gateway cell.
 
@@ -68,7 +68,7 @@ from loadtests.profile_steps import STEPS, Profile, Sampler, split_us
 KINDS = ("stream", "non-stream")
 WORKLOADS = ("burst", "paced")
 PACED_MODEL = MODEL + "-paced"
-# issue 31's targets: ratio → its limit (the non-stream and p99 ones checked for both shapes)
+# the step budget's targets: ratio → its limit (the non-stream and p99 ones checked for both shapes)
 TARGETS = {"non_stream_vs_floor": 2.0, "per_event_vs_floor": 1.3,
            "non_stream_vs_stream": 1.1, "non_stream_vs_stream_burst": 1.1,
            "p99_c32_vs_floor": 1.5, "p99_c32_vs_floor_stream": 1.5}  # fmt: skip
@@ -176,7 +176,7 @@ def summarize(rows: list[dict[str, Any]], profiles: dict[tuple[str, str, str], P
               top: int) -> dict[str, Any]:  # fmt: skip
     """Per (workload, kind, target): medians over the rounds of µs per request, p50, p99;
     µs per event; the steps' µs per request and per event (their sum is the total); the top
-    functions. Then the ratios against issue 31's targets."""
+    functions. Then the ratios against the step budget's targets."""
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     for (workload, kind, target), prof in profiles.items():
         rs = [r for r in rows if (r["workload"], r["kind"], r["target"]) == (workload, kind,
@@ -202,7 +202,7 @@ def summarize(rows: list[dict[str, Any]], profiles: dict[tuple[str, str, str], P
 
 
 def ratios(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Each gateway's ratio against issue 31's targets (name → value, limit, met)."""
+    """Each gateway's ratio against the step budget's targets (name → value, limit, met)."""
     out: dict[str, dict[str, Any]] = {}
     for gw in ("speedgate", "base"):
         if gw not in cells.get("burst stream", {}):
@@ -244,7 +244,7 @@ def print_report(res: dict[str, Any], top: int) -> None:
                                                        else "")
             print(f"| {name} | {target} | " + " | ".join(parts)
                   + f" | {tot} | {c['p50_ms']:.2f} | {c['p99_ms']:.2f} |")
-    print("\nissue 31's targets\n")
+    print("\nthe step budget's targets\n")
     print("| gateway | ratio | value | limit | met |\n|---|---|---|---|---|")
     for gw, rs in res["summary"]["ratios"].items():
         for k, v in rs.items():

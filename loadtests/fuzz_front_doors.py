@@ -381,7 +381,7 @@ def start_stack(code: Path, tmp: Path, redis_url: str | None
                tier: {"served_model_name": MODEL, "endpoints": u,
                       "timeouts": {"connect_s": 2, "ttft_s": 10, "stall_s": 10, "total_s": 60}}
                for tier, u in urls.items()}}}}
-    if not (code / "gateway/config/server.py").read_text().count("memory_max_bytes"):
+    if not (code / "gateway/config/process.py").read_text().count("memory_max_bytes"):
         del cfg["responses"]["memory_max_bytes"]  # an older checkout has no such field
     (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
     log = tmp / "gateway.log"
@@ -450,7 +450,7 @@ def bench() -> dict[str, Any]:
     from gateway.admit.body_schema import check_body_schema
     from gateway.admit.parse import OFFLOAD_PARSE_BYTES, parse_checked, read_checked
     from gateway.admit.tool_schema import schema_problem
-    from gateway.protocols.messages import MessagesProtocol
+    from gateway.protocols.messages.protocol import MessagesProtocol
 
     rng = random.Random(0)
     small = _messages_body(rng)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # (prefix of the frame's file, step); the first prefix that matches wins, so the more
-# specific ones come first. The steps are issue 31's: admit, plan, route, attempt, relay
+# specific ones come first. The steps are the step budget's: admit, plan, route, attempt, relay
 # (the relay and the protocols' splice and assembly), account, telemetry, the HTTP stack.
 STEP_PREFIXES: tuple[tuple[str, str], ...] = (
     ("gateway/admit/", "admit"),
@@ -29,8 +29,8 @@ STEP_PREFIXES: tuple[tuple[str, str], ...] = (
     ("gateway/routing/", "route"),
     ("gateway/upstream/", "attempt"),
     ("gateway/relay/", "relay"),
-    ("gateway/protocols/openai_splice", "relay"),
-    ("gateway/protocols/openai_assemble", "relay"),
+    ("gateway/protocols/openai/splice", "relay"),
+    ("gateway/protocols/openai/assemble", "relay"),
     ("gateway/account", "account"),
     ("gateway/telemetry/", "telemetry"),
     ("uvicorn/", "http stack"),

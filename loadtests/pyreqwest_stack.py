@@ -1,7 +1,7 @@
 """pyreqwest (a Rust HTTP client) in place of aiohttp, for ``loadtests.bench_stack`` only.
 
-Issue 31 asks whether pyreqwest as the upstream client lowers the CPU per request and per
-relayed event. Not a runtime dependency: this module is imported only by the benchmark, in its
+The question it answers: does pyreqwest as the upstream client lower the CPU per request and per
+relayed event? Not a runtime dependency: this module is imported only by the benchmark, in its
 own server processes. Two variants:
 
 - ``floor``: ``loadtests.floor_proxy``'s pass-through with a pyreqwest client

@@ -59,5 +59,5 @@ Left as they are (documented, harmless for the gateway's contract):
 - the CPU backend's KV block is 128 tokens (GPU: 16), so cached prompt tokens come in multiples
   of 128 there; the simulator's ``--block-size`` defaults to the GPU's 16;
 - vLLM exports ~100 ``vllm:*`` series; the simulator exports the ones the gateway reads
-  (DESIGN §4) and the token/request counters, with the same names and labels.
+  and the token/request counters, with the same names and labels.
 """

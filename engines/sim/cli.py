@@ -175,6 +175,6 @@ def parse_config(argv: Sequence[str] | None = None) -> SimConfig:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``speedgate-sim`` and ``python -m engines.sim``."""
-    from engines.sim.server import run
+    from engines.sim.app import run
 
     run(parse_config(argv))

@@ -118,31 +118,16 @@ async def handle(request: web.Request, api: Api) -> web.StreamResponse:
     refused = request_problem(api.name, body)
     if refused is not None:  # vLLM's pydantic models refuse it: its OpenAI-shaped 400
         return error_response(state, None, 400, refused.message, param=refused.param)
-    try:
-        own = body.get("sim_faults")
-        if own is not None and not state.config.accept_sim_faults:
-            return error_response(state, None, 400, "sim_faults is not accepted by this "
-                                  "simulator (start it with --accept-sim-faults)",
-                                  param="sim_faults")
-        faults = state.faults.merged(Faults.model_validate(own) if own is not None else None)
-    except ValidationError as e:
-        return error_response(state, None, 400, f"Invalid sim_faults: {e}", param="sim_faults")
+    faults = _request_faults(state, body)
+    if isinstance(faults, web.Response):
+        return faults
     if faults.crash:
         os._exit(1)
     job: Job | None = None
     try:
-        if faults.headers_delay_s:
-            await asyncio.sleep(faults.headers_delay_s)
-        if faults.status is not None:
-            headers = None
-            if faults.retry_after is not None:
-                ra = faults.retry_after
-                headers = {"Retry-After": str(int(ra)) if ra == int(ra) else str(ra)}
-            msg = faults.error_message or f"Simulated error {faults.status}"
-            return error_response(state, faults, faults.status, msg, type_=faults.error_type,
-                                  headers=headers, api=api)
-        if not state.ready:
-            return error_response(state, faults, 503, "The engine is still loading.", api=api)
+        early = await _fault_answer(state, faults, api)
+        if early is not None:
+            return early
         try:
             chat_body = api.to_chat(body)
             prompts, plans = await _prepare(state, chat_body, faults, chat)
@@ -194,6 +179,39 @@ async def handle(request: web.Request, api: Api) -> web.StreamResponse:
             state.engine.abort(job)
 
 
+def _request_faults(state: SimState, body: dict[str, Any]) -> Faults | web.Response:
+    """The simulator's faults merged with the request's own ``sim_faults``, or the 400 that
+    refuses them (not accepted by this simulator, or invalid)."""
+    try:
+        own = body.get("sim_faults")
+        if own is not None and not state.config.accept_sim_faults:
+            return error_response(state, None, 400, "sim_faults is not accepted by this "
+                                  "simulator (start it with --accept-sim-faults)",
+                                  param="sim_faults")
+        return state.faults.merged(Faults.model_validate(own) if own is not None else None)
+    except ValidationError as e:
+        return error_response(state, None, 400, f"Invalid sim_faults: {e}", param="sim_faults")
+
+
+async def _fault_answer(state: SimState, faults: Faults, api: Api) -> web.Response | None:
+    """After ``headers_delay_s``, the answer that replaces generation: the fault's own error
+    status (with its ``Retry-After``), or 503 while the engine is still loading; None to
+    generate."""
+    if faults.headers_delay_s:
+        await asyncio.sleep(faults.headers_delay_s)
+    if faults.status is not None:
+        headers = None
+        if faults.retry_after is not None:
+            ra = faults.retry_after
+            headers = {"Retry-After": str(int(ra)) if ra == int(ra) else str(ra)}
+        msg = faults.error_message or f"Simulated error {faults.status}"
+        return error_response(state, faults, faults.status, msg, type_=faults.error_type,
+                              headers=headers, api=api)
+    if not state.ready:
+        return error_response(state, faults, 503, "The engine is still loading.", api=api)
+    return None
+
+
 def _count_abort(state: SimState, entry: dict[str, Any]) -> None:
     """Count one request aborted by its client (the ``/sim/requests`` entry and the metric)."""
     entry["aborted"] = True
@@ -243,42 +261,7 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
         raise RequestError(
             404, f"The model `{model}` does not exist. Valid aliases: {cfg.model}.", "model"
         )
-    texts: list[str] = []
-    ids: list[list[int]] = []
-    prefix: str | None = None  # continue_final_message: the assistant text to continue
-    base_key: int | None = None
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError(400, "'messages' must be a non-empty list", "messages")
-        try:
-            prefix = continuation_prefix(body, messages)
-            if prefix is None:
-                texts.append(render_chat(messages))
-            else:  # the prompt ends inside the assistant's turn, right after its text
-                base = render_chat(messages[:-1])
-                texts.append(base + prefix)
-                base_key = rendered_key(base)
-        except ValueError as e:
-            raise RequestError(400, str(e), "messages") from e
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            texts.append(prompt)
-            found = state.textgen.continued(prompt) if body.get("n") in (None, 1) else None
-            if found is not None:  # a prompt plus the text already produced: continue it
-                prefix, base_key = prompt[found[0]:], found[1]
-            elif faults.chunks:  # a script continues where the prompt's tail leaves it
-                prefix = _script_tail(prompt, faults.chunks)
-        elif isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
-            ids.append(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
-            texts.extend(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(x, list) for x in prompt):
-            ids.extend(prompt)
-        else:
-            raise RequestError(400, "'prompt' must be a string, a list of strings or token ids",
-                               "prompt")
+    texts, ids, prefix, base_key = _prompt_inputs(state, body, faults, chat)
     bs = cfg.block_size
     prompts: list[Prompt] = []
     for t in texts:
@@ -321,6 +304,52 @@ async def _prepare(state: SimState, body: dict[str, Any], faults: Faults, chat: 
             raise RequestError(400, f"The request needs {need} KV-cache blocks; the engine has "
                                f"{cfg.num_gpu_blocks}.")
     return prompts, plans
+
+
+def _prompt_inputs(state: SimState, body: dict[str, Any], faults: Faults, chat: bool
+                   ) -> tuple[list[str], list[list[int]], str | None, int | None]:
+    """What a request asks to be tokenised: ``(texts, token id lists, prefix, base key)``.
+    ``prefix``: the assistant text a continuation carries on (``continue_final_message``, a
+    completions prompt that ends in text already produced, or a script's tail); ``base key``:
+    the rendered key of the prompt without that prefix (None without one). Raises
+    ``RequestError`` (400) for missing or malformed messages or prompt."""
+    texts: list[str] = []
+    ids: list[list[int]] = []
+    prefix: str | None = None  # continue_final_message: the assistant text to continue
+    base_key: int | None = None
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(400, "'messages' must be a non-empty list", "messages")
+        try:
+            prefix = continuation_prefix(body, messages)
+            if prefix is None:
+                texts.append(render_chat(messages))
+            else:  # the prompt ends inside the assistant's turn, right after its text
+                base = render_chat(messages[:-1])
+                texts.append(base + prefix)
+                base_key = rendered_key(base)
+        except ValueError as e:
+            raise RequestError(400, str(e), "messages") from e
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            texts.append(prompt)
+            found = state.textgen.continued(prompt) if body.get("n") in (None, 1) else None
+            if found is not None:  # a prompt plus the text already produced: continue it
+                prefix, base_key = prompt[found[0]:], found[1]
+            elif faults.chunks:  # a script continues where the prompt's tail leaves it
+                prefix = _script_tail(prompt, faults.chunks)
+        elif isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+            ids.append(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
+            texts.extend(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(x, list) for x in prompt):
+            ids.extend(prompt)
+        else:
+            raise RequestError(400, "'prompt' must be a string, a list of strings or token ids",
+                               "prompt")
+    return texts, ids, prefix, base_key
 
 
 def _script_tail(prompt: str, chunks: list[str]) -> str | None:

@@ -30,7 +30,7 @@ class Counts:
 
 @dataclass(slots=True)
 class SimState:
-    """Everything one replica holds; created by :func:`engines.sim.server.build_app`."""
+    """Everything one replica holds; created by :func:`engines.sim.app.build_app`."""
 
     config: SimConfig
     cache: PrefixCache

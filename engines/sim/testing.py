@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from engines.sim.server import READY_LINE
+from engines.sim.app import READY_LINE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _READY_PREFIX = READY_LINE.split("{", 1)[0]

@@ -2,8 +2,8 @@
 
 ``start_replica(tier, port, ...)`` runs ``python -m vllm.entrypoints.openai.api_server`` from the
 vLLM venv (``engines.vllm.venv``) with the flags measured to work on the project's 2-core CPU
-machines (``BASE_FLAGS``; DESIGN §4's contract flags ``--enable-prefix-caching
---enable-prompt-tokens-details`` included) and, for the ``fast`` tier, ngram speculative decoding
+machines (``BASE_FLAGS``; the flags the gateway relies on, ``--enable-prefix-caching
+--enable-prompt-tokens-details``, included) and, for the ``fast`` tier, ngram speculative decoding
 (``NGRAM_SPEC``, vLLM's prompt-lookup drafter: no draft model needed). Each replica gets a private
 ``TMPDIR`` and ``VLLM_CACHE_ROOT`` under its run folder, ``HF_HUB_OFFLINE=1`` and
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine core in the API server's process: one process per

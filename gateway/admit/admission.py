@@ -1,4 +1,4 @@
-"""Admission under load (DESIGN §13), after the gate: what the handler calls, in this order.
+"""Admission under load, after the gate: what the handler calls, in this order.
 
 1. ``enter(key, treq, allowed, request, body, rec)`` after the rate limits: the
    request's priority band (``flow.bands``; 400/403 for a bad ``x-speedgate-priority``) and its

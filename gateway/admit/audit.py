@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -51,7 +51,7 @@ class AuditLog:
         audit_log.log(level, "%s", orjson.dumps(doc).decode())
 
 
-def client_addr(scope: dict[str, Any]) -> str | None:
+def client_addr(scope: Mapping[str, Any]) -> str | None:
     """``host:port`` of the peer from an ASGI scope, or None."""
     client = scope.get("client")
     if not client:

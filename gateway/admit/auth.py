@@ -1,4 +1,4 @@
-"""API keys and entitlements (DESIGN §10): who is calling, and what it may be served.
+"""API keys and entitlements: who is calling, and what it may be served.
 
 Keys are ``sg-`` + 43 URL-safe base64 characters (32 random bytes from ``secrets``, 256 bits).
 Only their SHA-256 is stored (``sha256:<hex>``). A fast unsalted hash is enough for keys of this

@@ -1,4 +1,4 @@
-"""The request bodies' nested shapes, checked before any replica sees them (DESIGN §1, admit).
+"""The request bodies' nested shapes, checked at admission, before any replica sees them.
 
 Each API's protocol adapter checks its top-level fields (``model``, ``messages``, ``input``,
 ``stream``...); this module checks the types of the nested fields an engine parses, with
@@ -109,7 +109,7 @@ class ResponsesPart(TypedDict, total=False):
 #: The input item types of OpenAI's Responses API (the ``type`` literals of the ``openai``
 #: SDK's ``ResponseInputItemParam`` union, openai 3.57), which vLLM's request model takes
 #: (``ResponseInputOutputItem``): the gateway converts message, function call/output and
-#: reasoning items for its routing keys and state (``gateway.protocols.responses_items``) and
+#: reasoning items for its routing keys and state (``gateway.protocols.responses.items``) and
 #: forwards the others for the engine to render (Codex sends ``custom_tool_call`` items for its
 #: patch tool). Any other type is refused (OpenAI answers 400 ``input[i].type``, vLLM's union
 #: refuses it) rather than forwarded to be dropped or mis-rendered.

@@ -1,4 +1,4 @@
-"""Session budgets for agent runs (DESIGN §13): a session's spend in USD, checked at admission.
+"""Session budgets for agent runs: a session's spend in USD, checked at admission.
 
 A request with a session (``x-session-id``) and a budget (header
 ``x-speedgate-session-budget-usd`` capped by the key's maximum, else the key's

@@ -270,7 +270,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.transport.write(REQUEST_TIMEOUT["headers"])
         else:
             if stage == "body" and not running.response_started:
-                running.scope[TIMEOUT_SCOPE_KEY] = "body"  # type: ignore[typeddict-unknown-key]
+                # a speedgate key in uvicorn's typed scope, read back by the app
+                running.scope[TIMEOUT_SCOPE_KEY] = "body"  # type: ignore[literal-required]
                 self.transport.write(REQUEST_TIMEOUT["body"])
             running.disconnected = True  # the app's receive() says so; its sends are dropped
             running.message_event.set()
@@ -279,5 +280,5 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 def _signal(cycle: RequestResponseCycle) -> DisconnectSignal:
     """The request's ``DisconnectSignal`` (a fresh, unwatched one if it never started)."""
-    signal = cycle.scope.get(DISCONNECT_KEY)  # type: ignore[misc]
+    signal = cycle.scope.get(DISCONNECT_KEY)
     return signal if isinstance(signal, DisconnectSignal) else DisconnectSignal()

@@ -1,4 +1,4 @@
-"""Step 1 of a request, admit: API key → entitlements → rate limits (DESIGN §1, §10).
+"""Step 1 of a request, admit: API key → entitlements → rate limits.
 
 ``Gate`` is what the handler calls, in this order:
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Literal
 
 from gateway.admit.audit import AuditLog, client_addr
 from gateway.admit.auth import (
@@ -42,11 +41,11 @@ from gateway.admit.request import ClientRequest
 from gateway.asgi import Scope, header
 from gateway.common.redis_conn import RedisConnection
 from gateway.config import GatewayConfig
+from gateway.plan.kv_fit import estimate_tokens_upto
 from gateway.plan.tiers import TierRequest
 from gateway.protocols.base import Protocol
 from gateway.protocols.body import ParsedBody
 from gateway.telemetry.record import RequestRecord
-from gateway.telemetry.tokencount import PromptCount, count_prompt_upto_async
 
 log = logging.getLogger("speedgate.admission")
 
@@ -216,37 +215,3 @@ class Gate:
         if self._own_redis is not None:
             await self._own_redis.close()
 
-
-async def estimate_tokens(
-    doc: dict[str, Any], kind: Literal["chat", "completion"], raw_size: int, encoding: Any
-) -> int:
-    """Tokens to reserve at admission: the prompt counted with tiktoken plus the output cap
-    the client set (``max_completion_tokens`` or ``max_tokens``; 0 when unset)."""
-    return (await estimate_tokens_upto(doc, kind, raw_size, encoding, None)).tokens
-
-
-async def estimate_tokens_upto(
-    doc: dict[str, Any], kind: Literal["chat", "completion"], raw_size: int, encoding: Any,
-    limit: int | None,
-) -> PromptCount:
-    """``estimate_tokens`` with the prompt counted no further than needed to prove the prompt
-    alone passes ``limit`` (None: all of it; ``count_prompt_upto``): ``stopped`` True when
-    counting stopped there, ``tokens`` (prompt + output cap) then holding a lower bound of the
-    prompt that is more than ``limit``. A prompt within ``limit`` is counted exactly, so an
-    overflow of prompt + cap names the exact prompt (the number an agent lowers its output
-    cap by)."""
-    cap = output_cap(doc)
-    try:
-        got = await count_prompt_upto_async(doc, kind, limit, size_hint=raw_size,
-                                            encoding=encoding)
-    except Exception:  # an odd body shape must not fail admission: bytes / 4 (OpenAI's rule)
-        got = PromptCount(raw_size // 4, False)
-    return PromptCount(got.tokens + cap, got.stopped)
-
-
-def output_cap(doc: dict[str, Any]) -> int:
-    """The output tokens a chat-shaped body asks for at most (``max_completion_tokens`` or
-    ``max_tokens``; 0 when unset or invalid, at most 10M)."""
-    cap = doc.get("max_completion_tokens", doc.get("max_tokens"))
-    out = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else 0
-    return min(out, 10_000_000)

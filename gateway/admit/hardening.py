@@ -1,4 +1,4 @@
-"""Input sanity limits beyond the body size (``asgi.read_body``) and content type (DESIGN §10).
+"""Input sanity limits beyond the body size (``asgi.read_body``) and content type.
 
 - Request headers: at most ``server.max_header_bytes`` in total (names + values) and
   ``MAX_HEADERS`` of them; otherwise 431 ``request_header_fields_too_large`` (RFC 6585 §5).

@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.admit.kv_fit import fit_replicas
 from gateway.admit.parse import read_checked
 from gateway.admit.session import body_session, derived_session
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import plan_request
+from gateway.plan.kv_fit import fit_replicas
 from gateway.routing import RouteRequest
 from gateway.routing.keys import affinity_id
 

@@ -1,4 +1,4 @@
-"""Per-key rate limits: requests/min, tokens/min and concurrent requests (DESIGN §9-10).
+"""Per-key rate limits: requests/min, tokens/min and concurrent requests.
 
 Requests and tokens are token buckets: capacity = the per-minute limit, refilled continuously
 at limit / 60 s, so a key can burst up to its limit and then sustains limit per minute (what

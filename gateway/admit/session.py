@@ -14,7 +14,7 @@ request carries is its session, and the access log's ``session_src`` says which 
    id, the OpenAI Agents SDK and other clients where the user sets it.
 6. the Responses chain's first response id (``responses_chain``): every turn of a
    ``previous_response_id`` chain is one session, named by the id of the response that
-   started it (``protocols.responses_state`` finds it when it expands the chain; a first
+   started it (``protocols.responses.state`` finds it when it expands the chain; a first
    turn that will be stored starts a chain and is named by its own id, a ``store: false``
    one cannot be continued and falls through to 7).
 7. the conversation hash (``conversation``): ``p:`` and the hash of the leading messages
@@ -177,9 +177,9 @@ def named_session(first: Mapping[bytes, str]) -> NamedSession:
         parent_agent = first.get(CLAUDE_PARENT_AGENT)
         parent = bounded_id(f"{sid}/agent/{parent_agent}") if parent_agent else sid
         return _tree(bounded_id(f"{sid}/agent/{agent}"), "claude-code-agent", parent, sid)
-    parent = first.get(PARENT_SESSION)
-    if parent:
-        return _tree(sid, source, bounded_id(parent), None)
+    named_parent = first.get(PARENT_SESSION)
+    if named_parent:
+        return _tree(sid, source, bounded_id(named_parent), None)
     return NamedSession(sid, source)
 
 

@@ -93,7 +93,7 @@ class KvFootprint:
         return -(-self.session_bytes(tokens, block_size) // page) if page else 0
 
 
-def load_config(path: str | Path) -> dict[str, Any]:
+def load_model_config(path: str | Path) -> dict[str, Any]:
     """A ``config.json`` (or a model folder holding one) as a dict; multimodal configs are
     reduced to their ``text_config``. Raises ``FootprintError`` when it cannot be read."""
     p = Path(path)

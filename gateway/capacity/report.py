@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.capacity.checks import check_layout, config_context
-from gateway.capacity.footprint import FootprintError, KvFootprint, kv_footprint, load_config
+from gateway.capacity.footprint import FootprintError, KvFootprint, kv_footprint, load_model_config
 from gateway.capacity.planner import (
     CONTEXTS,
     GIB,
@@ -87,7 +87,7 @@ def _model(name: str) -> tuple[dict[str, Any], float | None, str | None, str]:
     p = preset(name)
     if p is not None:
         return p.config, p.params_b, p.weights_dtype, f"preset {name} ({p.source})"
-    return load_config(name), None, None, name
+    return load_model_config(name), None, None, name
 
 
 def build_report(args: argparse.Namespace) -> dict[str, Any]:

@@ -54,7 +54,9 @@ class CancelSafePipeline(Pipeline):
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
         return await keep_cancellation(super().execute(raise_on_error))
 
-    async def reset(self) -> None:
+    # redis's own Pipeline.reset is a coroutine too; its stubs also inherit the RESET command's
+    # signature (ManagementCommands.reset), which no pipeline override can match
+    async def reset(self) -> None:  # type: ignore[override]
         await keep_cancellation(super().reset())
 
 

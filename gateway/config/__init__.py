@@ -7,7 +7,7 @@ empty pools, bad URLs, unknown tiers and cyclic fallback chains fail at load wit
 ``ConfigError`` whose message names the field (pydantic's ``loc``).
 
 The schema is split by scope (``base``: tier names; ``pool``: an engine pool and a model;
-``server``: process-wide sections; ``telemetry``; ``console``; ``flow``: flow control and
+``process``: process-wide sections; ``telemetry``; ``console``; ``flow``: flow control and
 session budgets; ``load``: the whole ``GatewayConfig`` and ``load_config``); callers import every
 model from ``gateway.config``. No config model is defined outside this package.
 """
@@ -44,7 +44,7 @@ from gateway.config.pool import (
     RoutingWeights,
     Timeouts,
 )
-from gateway.config.server import (
+from gateway.config.process import (
     ApiKeyConfig,
     AuthConfig,
     HealthConfig,

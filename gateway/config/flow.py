@@ -1,4 +1,4 @@
-"""Admission under load (DESIGN §13): the ``flow_control:`` section (priority bands, the gateway
+"""Admission under load: the ``flow_control:`` section (priority bands, the gateway
 queue, shedding) and the ``budgets:`` section (session budgets in USD). Units in names."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gateway.config.base import _Strict
-from gateway.config.server import ApiKeyConfig
+from gateway.config.process import ApiKeyConfig
 
 BAND_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 
@@ -34,6 +34,10 @@ class BandConfig(_Strict):
     max_queue_s: float = Field(60.0, gt=0)
     max_wait_s: float | None = Field(None, gt=0)
     reserved_share: float = Field(0.0, ge=0, lt=1)
+
+
+def _default_service_tier_bands() -> dict[Literal["priority", "default", "flex"], str]:
+    return {"priority": "interactive", "flex": "batch"}
 
 
 def _default_bands() -> list[BandConfig]:
@@ -71,7 +75,7 @@ and one lower-band request is held at most this long in all (``admit.flow.guard`
     bands: list[BandConfig] = Field(default_factory=_default_bands, min_length=1)
     default_band: str = "standard"
     service_tier_bands: dict[Literal["priority", "default", "flex"], str] = Field(
-        default_factory=lambda: {"priority": "interactive", "flex": "batch"}
+        default_factory=_default_service_tier_bands
     )
     max_queue_len: int = Field(10_000, ge=1)
     default_output_tokens: int = Field(256, ge=1)

@@ -23,7 +23,7 @@ from gateway.config.console import ConsoleConfig
 from gateway.config.flow import BudgetConfig, FlowControlConfig, check_key_bands
 from gateway.config.pool import ModelConfig
 from gateway.config.problems import report
-from gateway.config.server import (
+from gateway.config.process import (
     AuthConfig,
     HealthConfig,
     RateLimitConfig,

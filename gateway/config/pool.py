@@ -121,8 +121,12 @@ class DnsDiscoveryConfig(_Strict):
 RoutingWeights = dict[Literal["prefix", "session", "load", "hash", "headroom"], float]
 
 
+def _default_weights() -> RoutingWeights:
+    return {"prefix": 3.0, "session": 2.0, "load": 1.0, "hash": 0.25, "headroom": 1.0}
+
+
 class RoutingConfig(_Strict):
-    """Replica choice within a pool (DESIGN §5-6; see ``gateway.routing``).
+    """Replica choice within a pool (see ``gateway.routing``).
 
     ``policy``: ``pipeline`` (filters → weighted scorers → picker) or ``round_robin`` (a
     baseline). ``weights``: scorer name → weight (a missing scorer is off); every scorer scores
@@ -143,10 +147,7 @@ class RoutingConfig(_Strict):
     """
 
     policy: Literal["pipeline", "round_robin"] = "pipeline"
-    weights: RoutingWeights = Field(
-        default_factory=lambda: {"prefix": 3.0, "session": 2.0, "load": 1.0, "hash": 0.25,
-                                 "headroom": 1.0}
-    )
+    weights: RoutingWeights = Field(default_factory=_default_weights)
     bounded_load_c: float = Field(1.25, ge=0)
     bounded_load_min: int = Field(4, ge=1)
     session_idle_s: float = Field(120.0, gt=0)

@@ -6,7 +6,7 @@ Public surface:
 - ``routes.install_console(app, sources, gate)``: ``GET /console`` (the page, package data
   ``console.html``: inline JS/CSS, SVG charts drawn by the page, no external asset),
   ``GET /v1/console/state`` (the JSON; admin key when auth is on) and the ``/`` redirect;
-- ``snapshot.build_state(sources, window_s=None)`` and ``snapshot.ConsoleSources``: the JSON
+- ``snapshot.console_snapshot(sources, window_s=None)`` and ``snapshot.ConsoleSources``: the JSON
   document from the live pools, auto-tier estimates, engine counters and the recorder;
 - ``recorder.ConsoleRecorder``: bounded in-memory windows fed once per finished request by the
   accounting step (``observe(rec)``, O(1)): per-pool TTFT and output-speed percentiles, tokens,

@@ -71,8 +71,8 @@ def failures(rec: RecordView) -> list[tuple[str | None, str]]:
             tier, sep, slug = item.partition(":")
             out.append((tier, slug) if sep else (None, tier))
         return out
-    tier = rec.served_tier or rec.asked_tier
-    return [(tier, r) for r in rec.retries]
+    served: str | None = rec.served_tier or rec.asked_tier
+    return [(served, r) for r in rec.retries]
 
 
 def incidents_of(rec: RecordView) -> list[Incident]:

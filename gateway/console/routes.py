@@ -32,7 +32,7 @@ from starlette.responses import RedirectResponse, Response
 from gateway.admit.audit import client_addr
 from gateway.admit.auth import PermissionDenied
 from gateway.admit.gate import Gate
-from gateway.console.snapshot import ConsoleSources, build_state
+from gateway.console.snapshot import ConsoleSources, console_snapshot
 from gateway.errors import GatewayError
 
 PAGE = "console.html"
@@ -124,7 +124,7 @@ def install_console(app: FastAPI, sources: ConsoleSources, gate: Gate) -> None:
                                  key_id=caller.id, client=client_addr(request.scope))
         steps, now = sources.recorder.steps_for(window), sources.clock()
         if cached.get("steps") != steps or now - cached.get("at", -1e9) >= REUSE_S:
-            cached.update(steps=steps, at=now, body=orjson.dumps(build_state(sources, window)))
+            cached.update(steps=steps, at=now, body=orjson.dumps(console_snapshot(sources, window)))
         return Response(cached["body"], media_type="application/json", headers=NO_STORE)
 
 

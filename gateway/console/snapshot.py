@@ -1,5 +1,5 @@
 """The JSON document of ``GET /v1/console/state``: what the pools, tiers and sessions are doing
-now. Built on demand from the live objects (``build_state``); nothing here runs per request.
+now. Built on demand from the live objects (``console_snapshot``); nothing here runs per request.
 
 Units: seconds (``*_s``), unix seconds for points in time (``generated_at``, ``t``,
 ``ejected_until``, ``first_seen``…), tokens, USD (``*_usd``, ``usd_per_hour``), shares and rates
@@ -91,7 +91,7 @@ def _r(x: float | None, digits: int = 6) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def build_state(src: ConsoleSources, window_s: float | None = None) -> dict[str, Any]:
+def console_snapshot(src: ConsoleSources, window_s: float | None = None) -> dict[str, Any]:
     """The console document. ``window_s`` (optional) narrows the summary figures to the last
     ``window_s`` seconds (rounded to whole steps, at most the configured window); charts always
     span the whole window."""

@@ -94,7 +94,8 @@ class KubePods:
         self.on_change = on_change
         self.tier_label, self.default_tier = tier_label, default_tier
         self.headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.ssl = ssl_context
+        # aiohttp's default verification (True) when no context is given
+        self.ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self.watch_timeout_s, self.retry_s = watch_timeout_s, retry_s
         self.pods: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
@@ -121,7 +122,7 @@ class KubePods:
         first = True
         while True:
             try:
-                version = await self._list()
+                version: str | None = await self._list()
                 if not first:
                     self.relists += 1
                 first = False

@@ -206,7 +206,7 @@ def immediate(status: int, body: bytes, headers: list[tuple[str, str]]) -> ep.Pr
     common = _mutation([("content-type", "application/json"), *headers], [])
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
-            status=http_status_pb2.HttpStatus(code=status),  # type: ignore[arg-type]
+            status=http_status_pb2.HttpStatus(code=status),
             headers=common.header_mutation,
             body=body,
             details=f"speedgate_picker_{status}",

@@ -77,8 +77,8 @@ class PickerRuntime:
         def apply(by_tier: dict[str, list[str]]) -> None:
             for tier, pool in pools.items():
                 pool.set_endpoints(by_tier.get(tier, []))
-            for tier in set(by_tier) - set(pools):
-                log.warning("pods labelled tier %r: model %s has no such tier", tier, model)
+            for label in set(by_tier) - set(pools):
+                log.warning("pods labelled tier %r: model %s has no such tier", label, model)
 
         watch = KubePods(api, namespace, selector, target_port, apply, **options)  # type: ignore[arg-type]
         self.pod_watches.append(watch)

@@ -51,9 +51,9 @@ from gateway.common.body_codings import BodyDecoder, body_decoder, decode_chunk
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.picker import messages as msg
 from gateway.picker.decide import Pick, Picker
-from gateway.picker.usage import UsageTap
+from gateway.picker.usage_tap import UsageTap
 from gateway.protocols.base import Protocol
-from gateway.protocols.errors import OPENAI_ERRORS
+from gateway.protocols.error_shapes import OPENAI_ERRORS
 from gateway.telemetry.record import RequestRecord
 
 log = logging.getLogger("speedgate.picker")

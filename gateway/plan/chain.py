@@ -59,11 +59,12 @@ def plan_request(
     without one, ``auto`` follows the load threshold below."""
     model = req.model
     reason: str | None = None
+    first: Tier
     if req.tier == "auto":
         if allowed_tiers is not None and "fast" not in allowed_tiers:
             first, reason = "standard", "no-fast-entitlement"
         elif auto is not None:
-            first, reason = auto.tier, auto.reason  # type: ignore[assignment]
+            first, reason = auto.tier, auto.reason
         else:
             first, reason = _choose_auto(req, pools)
     elif req.tier in model.tiers:

@@ -1,4 +1,4 @@
-"""Tier selection: which model and which tier a request asks for (DESIGN §3). Pure.
+"""Tier selection: which model and which tier a request asks for. Pure.
 
 First match wins: header ``x-speedgate-tier`` (standard | fast | auto); a configured model alias
 (``mymodel-fast``); OpenAI's ``service_tier`` (``priority`` → fast, ``default``/``flex``/``scale``
@@ -81,15 +81,15 @@ class ModelIndex:
         if alias_tier is not None:
             return TierRequest(name, model, alias_tier, "alias")
         if service_tier is not None:
-            tier = (
+            mapped = (
                 SERVICE_TIER_TO_TIER.get(service_tier) if isinstance(service_tier, str) else None
             )
-            if tier is None:
+            if mapped is None:
                 raise InvalidRequest(
                     "service_tier must be one of auto, default, flex, scale, priority",
                     param="service_tier",
                 )
-            return TierRequest(name, model, tier, "service_tier")
+            return TierRequest(name, model, mapped, "service_tier")
         return TierRequest(name, model, model.default_tier, "default")
 
     def names(self) -> list[tuple[str, str, TierChoice | None]]:

@@ -18,12 +18,13 @@ makes for one stream. The request path asks, in order:
    the bytes carrying its final response object reach the client (the JSON body, a stream's
    last event), so a next turn sent the moment the client has it finds it;
 8. ``output_text`` / ``json_output_text`` when the engine reported no usage (tiktoken estimate);
-   ``errors`` shapes every error the gateway answers.
+   ``error_shapes`` shapes every error the gateway answers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -37,7 +38,7 @@ from gateway.plan.tiers import TIER_TO_SERVICE_TIER
 from gateway.protocols.body import ParsedBody
 
 if TYPE_CHECKING:
-    from gateway.protocols.errors import ErrorShape
+    from gateway.protocols.error_shapes import ErrorShape
     from gateway.telemetry.record import RequestRecord
 
 # Verdicts of ``StreamCodec.event``: what the relay does with one engine event.
@@ -306,22 +307,18 @@ class Protocol:
         """The in-band error event when no codec exists yet (stream started elsewhere)."""
         return self.errors.event(err, 0)
 
-    def assembler(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec | None:
-        """For a JSON answer assembled from an upstream stream (``body.assemble``): the codec
-        its events pass through (nothing reaches the client until ``assemble``). None: this
-        protocol answers JSON from the engine's own JSON body."""
-        return None
 
-    def assemble(self, relayed: list[bytes], usage: Usage | None) -> dict[str, Any]:
-        """The JSON answer the engine would have sent, from the raw payloads of its stream
-        (``relayed``; ``usage``: a resumed stream's summed usage, else None)."""
-        raise NotImplementedError
+@typing.runtime_checkable
+class Resumable(typing.Protocol):
+    """The optional resume capability of a ``Protocol``: a stream of this API broken after
+    content reached the client can be continued by another request (the OpenAI APIs,
+    Responses, Messages). An API without it is never continued (``resume_point`` below)."""
 
     def resume_point(self, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
         """What the client got of a stream that broke (``relayed``: the raw content payloads
-        sent, every attempt's), read only after the break, so an unbroken stream pays nothing.
-        By default a stream of this API cannot be continued (blocker ``protocol``)."""
-        return ResumePoint(blocker="protocol")
+        sent, every attempt's), read only after the break, so an unbroken stream pays
+        nothing."""
+        ...
 
     def continuation_body(
         self, body: ParsedBody, served_model: str, point: ResumePoint,
@@ -329,4 +326,35 @@ class Protocol:
     ) -> bytes:
         """The upstream body that asks an engine to continue ``point``'s output (a stream,
         with usage); only called for a point without a blocker."""
-        raise NotImplementedError
+        ...
+
+
+@typing.runtime_checkable
+class Assembling(typing.Protocol):
+    """The optional assembly capability of a ``Protocol``: a JSON answer built from an upstream
+    stream (``body.assemble``; the OpenAI chat and completions APIs)."""
+
+    def assembler(self, body: ParsedBody, rewrite: Rewrite) -> StreamCodec | None:
+        """The codec the upstream stream's events pass through (nothing reaches the client
+        until ``assemble``). None: this request's JSON answer comes from the engine's own
+        JSON body."""
+        ...
+
+    def assemble(self, relayed: list[bytes], usage: Usage | None) -> dict[str, Any]:
+        """The JSON answer the engine would have sent, from the raw payloads of its stream
+        (``relayed``; ``usage``: a resumed stream's summed usage, else None)."""
+        ...
+
+
+def resume_point(protocol: Protocol, body: ParsedBody, relayed: list[bytes]) -> ResumePoint:
+    """``protocol``'s resume point of a broken stream; blocker ``protocol`` for an API without
+    the resume capability (``Resumable``)."""
+    if isinstance(protocol, Resumable):
+        return protocol.resume_point(body, relayed)
+    return ResumePoint(blocker="protocol")
+
+
+def assembler(protocol: Protocol, body: ParsedBody, rewrite: Rewrite) -> StreamCodec | None:
+    """``protocol``'s assembly codec for ``body`` (``Assembling``); None for an API that does
+    not assemble JSON answers from streams."""
+    return protocol.assembler(body, rewrite) if isinstance(protocol, Assembling) else None

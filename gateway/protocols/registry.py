@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from gateway.config import GatewayConfig
 from gateway.protocols.base import Protocol
-from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
-from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
-from gateway.protocols.response_store import (
+from gateway.protocols.messages.protocol import CountTokensProtocol, MessagesProtocol
+from gateway.protocols.openai.chat import ChatProtocol, CompletionsProtocol
+from gateway.protocols.responses.cancel import CancelBus
+from gateway.protocols.responses.protocol import ResponsesProtocol
+from gateway.protocols.responses.store import (
     MemoryResponseStore,
     RedisResponseStore,
     ResponseStore,
 )
-from gateway.protocols.responses import ResponsesProtocol
-from gateway.protocols.responses_cancel import CancelBus
-from gateway.protocols.responses_tokens import InputTokensProtocol
+from gateway.protocols.responses.tokens import InputTokensProtocol
 
 
 def response_store(config: GatewayConfig) -> ResponseStore:

@@ -21,7 +21,7 @@ import orjson
 
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError
-from gateway.protocols.base import Protocol, Rewrite
+from gateway.protocols.base import Assembling, Protocol, Rewrite, assembler
 from gateway.protocols.body import ParsedBody
 from gateway.relay.resume import relay_resumable
 from gateway.telemetry.record import RequestRecord
@@ -67,8 +67,8 @@ async def _assemble(ex: Exchange, rewrite: Rewrite) -> tuple[dict[str, Any], flo
         opened = attempts[-1]
         if opened.doc is not None:  # the engine answered JSON itself
             return opened.doc, opened.ttft_s
-        codec = protocol.assembler(body, rewrite)
-        assert codec is not None
+        codec = assembler(protocol, body, rewrite)
+        assert codec is not None and isinstance(protocol, Assembling)
         att = opened.attempt
         t0 = time.monotonic() - opened.ttft_s
         res = Resumption(plan, att.deadline, att.total_s, att.read_s)
@@ -130,6 +130,7 @@ async def _complete(
 ) -> dict[str, Any]:
     """The complete answer of ``relayed``; its usage the engine's when its chunk came, else
     estimated (``rec.usage_estimated``) from the conversation and the text (tiktoken)."""
+    assert isinstance(protocol, Assembling)  # only an API that assembles relays for it
     doc = protocol.assemble(relayed, None)
     if doc.get("usage") is None:
         usage: Usage = await estimate_usage(

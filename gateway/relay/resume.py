@@ -3,7 +3,7 @@ on another replica, spliced into the same client stream (docs/resilience.md, "Gu
 
 An unbroken stream costs what ``relay_events`` costs: nothing is parsed or accumulated on the
 way; ``relayed`` (references to the raw payloads sent) is read only after a break, by the
-protocol (``Protocol.resume_point``). What can be continued is decided then, by rule: the
+protocol (``Resumable.resume_point``). What can be continued is decided then, by rule: the
 break must be one of the replica's (a reset, EOF without the last event, a stall, a malformed
 or error event; not the request's deadline, not an unreadable event, not an in-stream error
 whose code is the client's 4xx, which is no replica's failure either), the pool must allow it
@@ -29,7 +29,7 @@ from typing import Any
 
 from gateway.common.usage import Usage
 from gateway.errors import UpstreamTimeout
-from gateway.protocols.base import ResumePoint, StreamCodec
+from gateway.protocols.base import ResumePoint, StreamCodec, resume_point
 from gateway.relay.stream import StreamLimits, StreamResult, relay_events
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tokencount import count_text, estimate_usage
@@ -169,10 +169,11 @@ class _Resumer:
         return await self._continue(opened, point, entry, reason, diverged)
 
     def _point(self, diverged: bool) -> ResumePoint:
-        """What the client got (``Protocol.resume_point``) with the codec's blocker, whether
-        every choice finished, and the healing (off from a divergence on)."""
+        """What the client got (``resume_point``: the protocol's, when it can resume) with
+        the codec's blocker, whether every choice finished, and the healing (off from a
+        divergence on)."""
         ex, current = self.ex, self.current
-        point = ex.protocol.resume_point(ex.body, ex.relayed)
+        point = resume_point(ex.protocol, ex.body, ex.relayed)
         if point.blocker is None:
             point.blocker = current.resume_blocker(point)
         if current.finished():  # a continuation's finish came: another would go past it

@@ -21,7 +21,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.fleet.pools import PoolRegistry
 from gateway.plan.tiers import ModelIndex
-from gateway.routes.errors import error_response, json_response
+from gateway.routes.json_answers import error_response, json_response
 from gateway.routing.fit import capacity_tokens
 
 

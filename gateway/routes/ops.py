@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.responses import Response
 
-from gateway.routes.errors import json_response
+from gateway.routes.json_answers import json_response
 from gateway.state import GatewayState
 from gateway.telemetry.metrics import CONTENT_TYPE
 

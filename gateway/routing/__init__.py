@@ -1,4 +1,4 @@
-"""Replica choice within a pool (DESIGN §5-6): filters → weighted scorers → picker.
+"""Replica choice within a pool: filters → weighted scorers → picker.
 
 - ``keys``: session key and prefix block chain of a request (no tokenizer);
 - ``filters``: not-yet-tried, bounded load, overloaded; ``session_ledger``: active sessions per

@@ -1,4 +1,4 @@
-"""Filters: which replicas may take this request (DESIGN §5). Pure.
+"""Filters: which replicas may take this request. Pure.
 
 Health, ejection and the in-flight cap are ``Pool.usable``; here: not tried yet by this request
 (every retry goes to a different replica), the bounded-load rule (``load_bound``/``under_bound``,

@@ -1,4 +1,4 @@
-"""Fit: which replicas can hold a request at all (DESIGN §15). Pure.
+"""Fit: which replicas can hold a request at all. Pure.
 
 A request of ``tokens`` tokens (prompt estimate + the output cap it asks for) fits a replica
 when ``tokens ≤ max_model_len`` (from the engine's ``/v1/models``) and its KV blocks fit the

@@ -1,6 +1,6 @@
 """What a request is routed by: its session key and the chain hash of its prefix blocks.
 
-**Session key** (DESIGN §6): the ``x-session-id`` header when present (a long one as its
+**Session key**: the ``x-session-id`` header when present (a long one as its
 fixed-size digest, ``gateway.common.ids.bounded_id``), else a hash of the
 leading messages (every message up to and including the first ``user`` message, e.g. the system
 prompt and the task), so an agent that sends no header still sticks: later turns resend the

@@ -31,7 +31,7 @@ from gateway.fleet.pools import Replica
 from gateway.fleet.rates import PoolRates
 from gateway.routing.fit import free_kv_tokens, has_room
 
-CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb (as ``admit.kv_fit``)
+CHARS_PER_TOKEN = 4  # OpenAI's rule of thumb (as ``plan.kv_fit``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,4 @@
-"""One pool's router: filters → weighted scorers → picker, with the state store's bindings
-(DESIGN §5-6).
+"""One pool's router: filters → weighted scorers → picker, with the state store's bindings.
 
 For each attempt, candidates are the pool's usable replicas not tried yet. With session state
 (a ``prefix`` or ``session`` weight and the store answering):
@@ -101,7 +100,7 @@ class PoolRouter:
             if route is None and cfg.policy != "round_robin":
                 cands = [min(cands, key=lambda r: r.inflight)]
             return self.round_robin.pick(self.pool.replicas, cands)
-        weights: dict[str, float] = dict(cfg.weights)
+        weights: dict[str, float] = {k: v for k, v in cfg.weights.items()}
         blocks: list[bytes] = []
         if weights.get("prefix"):
             blocks = await route.chain(cfg.chunk_chars, cfg.max_hash_chars)

@@ -1,4 +1,4 @@
-"""Active sessions per replica: the "balls" of the bounded-load rule (DESIGN §5).
+"""Active sessions per replica: the "balls" of the bounded-load rule.
 
 Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018) bounds how many
 *clients* each bin holds. For agent sessions the client is the session: a session bound to a

@@ -4,7 +4,7 @@ rule's "balls" (``session_ledger``) counted once for the whole deployment.
 With a per-process ledger, N gateway replicas each count only the sessions they routed, about
 1/N of them, so each applies the bound ``ceil(c × (S + 1) / n)`` to a picture that misses most
 of the load: two gateways binding new sessions while each believes the replicas the other
-filled are empty piled them 7/3/0/0 on four replicas in one run (issue 21). Here the counts
+filled are empty piled them 7/3/0/0 on four replicas in one run. Here the counts
 every gateway binds by are the same.
 
 Layout: one sorted set per replica, ``{prefix}{<pool>}:act:<replica name>``, member = the session

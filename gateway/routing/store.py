@@ -1,4 +1,4 @@
-"""Routing state: session → replica and prefix block → replica bindings, per pool (DESIGN §9).
+"""Routing state: session → replica and prefix block → replica bindings, per pool.
 
 One interface, two implementations:
 

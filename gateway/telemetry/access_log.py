@@ -1,6 +1,6 @@
 """The access log: one line per request with ids, tier, replica, status, tokens and timings.
 
-Never the prompt, the completion or an API key (DESIGN §10). Replicas are named
+Never the prompt, the completion or an API key. Replicas are named
 ``model/tier/index``, never by address. ``tier`` and ``replica`` are the ones that served, or,
 when none did (an error, a client gone before the first byte: 499), the last ones tried.
 Two formats: ``text`` (``key=value`` pairs, the default; a value with anything beyond

@@ -144,8 +144,8 @@ class BlockCounts:
                     break
             self.hits += start
         before = [0]  # characters of the texts before each
-        for t in texts:
-            before.append(before[-1] + len(t))
+        for piece in texts:
+            before.append(before[-1] + len(piece))
         new: list[tuple[bytes, tuple[int, int, int]]] = []
         stopped = False
         for j in range(start, len(spans)):

@@ -23,12 +23,17 @@ USD_DECIMALS = 12
 
 
 class TierPrices(Protocol):
-    """What ``cost_usd`` reads of a price list (``gateway.config.Prices`` has these)."""
+    """What ``cost_usd`` reads of a price list (``gateway.config.Prices`` has these), read-only
+    (the configuration's models are frozen)."""
 
-    input_per_mtok_usd: float
-    cached_input_per_mtok_usd: float
-    output_per_mtok_usd: float
-    flex_share: float
+    @property
+    def input_per_mtok_usd(self) -> float: ...
+    @property
+    def cached_input_per_mtok_usd(self) -> float: ...
+    @property
+    def output_per_mtok_usd(self) -> float: ...
+    @property
+    def flex_share(self) -> float: ...
 
 
 def token_split(usage: Usage) -> tuple[int, int, int]:

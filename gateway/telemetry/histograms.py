@@ -81,7 +81,7 @@ class GapTimer:
     def tick_many(self, now: float, k: int) -> None:
         """``k`` content events relayed at ``now`` (the events of one upstream read): the
         same state as ``k`` calls of :meth:`tick` (``k - 1`` gaps of 0 s after the first),
-        in one step (issue 31's step budget: ~0.2 µs per event of a burst saved)."""
+        in one step (the step budget: ~0.2 µs per event of a burst saved)."""
         self.tick(now)
         if k > 1:
             self.counts[_ZERO_GAP] += k - 1

@@ -128,7 +128,7 @@ class GatewayMetrics:
     def __init__(self, pools: PoolRegistry) -> None:
         self.registry = r = CollectorRegistry()
         # labelled children by (metric, label values): ``labels()`` validates and locks on
-        # every call (~1.5 µs); a request records ~8 series (issue 18)
+        # every call (~1.5 µs); a request records ~8 series
         self._children: dict[tuple[Any, ...], Any] = {}
         g = GENAI_LABELS
         self.requests = Counter(

@@ -42,7 +42,7 @@ class RequestRecord:
     spent_cost_usd: float = 0.0
     ttft_s: float | None = None
     e2e_s: float | None = None
-    # Telemetry (issue 5). ``key_id``: the API key's id or name, never the key itself.
+    # Telemetry. ``key_id``: the API key's id or name, never the key itself.
     key_id: str | None = None
     session_id: str | None = None
     session_src: str | None = None  # where session_id came from (gateway.admit.session)
@@ -60,12 +60,12 @@ class RequestRecord:
     cost_usd: float | None = None
     itl: GapTimer | None = None  # inter-token gaps of the relayed stream
     trace_id: str | None = None  # hex W3C trace id of the request span
-    auto_choice: Any = None  # gateway.plan.auto.service.AutoChoice of an auto request (issue 10)
-    # Admission under load (issue 17): priority band, OpenAI flex semantics, gateway queue wait
+    auto_choice: Any = None  # gateway.plan.auto.service.AutoChoice of an auto request
+    # Admission under load: priority band, OpenAI flex semantics, gateway queue wait
     band: str | None = None
     flex: bool = False
     queue_wait_s: float | None = None  # None: the request did not wait in the gateway queue
-    # Mid-stream resume (issue 15): one entry per break after content reached the client
+    # Mid-stream resume: one entry per break after content reached the client
     # (``reason``, ``outcome``, ``rule`` when refused, ``from_tier``, ``to_tier``,
     # ``carried_chars``: the length of the text carried into the continuation)
     resumes: list[dict[str, Any]] = field(default_factory=list)

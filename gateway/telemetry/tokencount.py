@@ -1,5 +1,5 @@
 """Token counting with tiktoken that works offline: the estimate used when an engine reports no
-usage (or the stream broke before its usage chunk), and for admission estimates (DESIGN §8).
+usage (or the stream broke before its usage chunk), and for admission estimates.
 
 tiktoken downloads its encoding files at first use; gateways often run without internet. The
 two encodings ship with the package as ``gateway/data/{name}.tiktoken.gz`` (tiktoken's own

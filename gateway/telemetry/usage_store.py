@@ -1,4 +1,4 @@
-"""Per-key and per-session usage totals (DESIGN §8-9): requests, tokens by type, cost, sums of
+"""Per-key and per-session usage totals: requests, tokens by type, cost, sums of
 TTFT and end-to-end time, behind one interface with two implementations.
 
 - ``MemoryUsageStore``: one process (the default); sessions kept in LRU order, at most

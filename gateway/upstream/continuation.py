@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from gateway.errors import EngineClientError, UnreadableResponse, UpstreamTimeout
 from gateway.fleet.pools import Pool, Replica, wait_for_slot
 from gateway.plan.chain import Plan
-from gateway.protocols.base import ResumePoint
+from gateway.protocols.base import Resumable, ResumePoint
 from gateway.routing import RouteRequest, pick_replica
 from gateway.routing.keys import affinity_id
 from gateway.upstream.attempt import Attempt, OpenedResponse, RetryableFailure, open_attempt
@@ -76,6 +76,7 @@ async def open_continuation(
     wait_until = min(res.deadline, loop.time() + broken.config.timeouts.stall_s)
     if point.carried_tokens is None:
         point.carried_tokens = await _carried_tokens(state, res, pools, point, wait_until)
+    assert isinstance(protocol, Resumable)  # a point without a blocker comes from one
     payloads = {
         id(p): protocol.continuation_body(
             body, p.config.served_model_name, point,

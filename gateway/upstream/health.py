@@ -1,4 +1,4 @@
-"""Active health probes: ``GET /health`` of every replica on an interval (DESIGN §4)."""
+"""Active health probes: ``GET /health`` of every replica on an interval."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The engine load scraper: each replica's queue and KV-cache usage read from its ``/metrics``
-(vLLM names, DESIGN §4) and stored on the replica (``gateway.fleet.pools.Replica``).
+(vLLM's metric names) and stored on the replica (``gateway.fleet.pools.Replica``).
 
 What the scraped values mean for routing: ``gateway.fleet.pools.replica_load``. Units:
 requests; KV usage 0..1.

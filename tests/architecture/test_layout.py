@@ -1,7 +1,8 @@
 """The tree shows the architecture (layout issue): no import cycles among first-party modules
 (imports under ``TYPE_CHECKING`` and inside functions included), ``engines`` never imports
-``gateway``, every package names its public surface, no module outgrows ~400 lines, and the
-gateway's packages import only downward along the request path (``LAYERS``).
+``gateway``, every package names its public surface, no function outgrows 80 lines (declarative
+ones listed with their reason), and the gateway's packages import only downward along the request
+path (``LAYERS``).
 
 Imports are read from the source (``ast``), not executed, so a cycle that only a type checker
 or a late import would follow still counts.
@@ -16,7 +17,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "engines")
-MAX_LINES = 400
+#: Lines of one function or method, ``def`` to its last line: long enough for a step of the
+#: request path with its error handling, short enough to read without scrolling.
+MAX_FUNCTION_LINES = 80
+
+#: Functions allowed past ``MAX_FUNCTION_LINES`` because they declare rather than decide (one
+#: statement per item, no branching to follow), ``module:qualified name`` → why.
+DECLARATIVE: dict[str, str] = {
+    "gateway.cli:build_parser": "the command line: one add_argument per flag of each subcommand",
+    "gateway.telemetry.metrics:GatewayMetrics.__init__": "the Prometheus metric declarations, one"
+    " constructor call (name, help, labels, buckets) per metric",
+}
+
+#: Functions over the cap that another branch splits (``module:qualified name`` → owner and
+#: what replaces it). Temporary: emptied when those branches merge.
+BEING_SPLIT: dict[str, str] = {
+    "gateway.relay.stream:relay_events": "the relay loop: its producers' typed failures and the"
+    " event handling are being moved into steps of their own",
+}
 
 #: The gateway's packages (and top-level modules) bottom up, along the request path: each may
 #: import those on its own layer or below, never one above. Shared nouns sit under the steps:
@@ -153,10 +171,48 @@ def test_every_package_names_its_public_surface() -> None:
     assert missing == []
 
 
-def test_no_module_over_400_lines() -> None:
-    long = {p.relative_to(ROOT).as_posix(): n for p in _modules().values()
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+def _function_lengths(module: str, path: Path) -> dict[str, int]:
+    """``module:Class.method`` (nested functions as ``outer.inner``) → its lines, ``def`` to
+    its last line, for every function in ``path``."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = prefix + child.name
+                out[f"{module}:{name}"] = (child.end_lineno or child.lineno) - child.lineno + 1
+                visit(child, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(), str(path)), "")
+    return out
+
+
+def _long_functions() -> dict[str, int]:
+    return {name: n for mod, path in _modules().items()
+            for name, n in _function_lengths(mod, path).items() if n > MAX_FUNCTION_LINES}
+
+
+def test_no_function_over_80_lines() -> None:
+    """Every function fits ``MAX_FUNCTION_LINES``, but the declarative ones and those another
+    branch is splitting; every entry of those lists is still a long function (a stale one is
+    removed)."""
+    long = _long_functions()
+    listed = DECLARATIVE.keys() | BEING_SPLIT.keys()
+    assert {name: n for name, n in long.items() if name not in listed} == {}
+    assert sorted(listed - long.keys()) == []
+
+
+def test_function_lengths_name_methods_and_nested_functions(tmp_path: Path) -> None:
+    """The checker itself: a method is named by its class, a nested function by its outer one,
+    and a length counts from ``def`` to the last line."""
+    src = tmp_path / "m.py"
+    src.write_text("class A:\n    def f(self):\n        def g():\n            pass\n"
+                   "        return g\n\nasync def h():\n    pass\n")
+    assert _function_lengths("x.m", src) == {"x.m:A.f": 4, "x.m:A.f.g": 2, "x.m:h": 2}
 
 
 def _layer_of(module: str) -> tuple[str, int] | None:

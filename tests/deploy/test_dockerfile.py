@@ -77,7 +77,7 @@ def test_build_context_is_only_the_package() -> None:
     rules = [line for line in df.DOCKERIGNORE.read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     assert rules[0] == "*", "deny everything first"
-    for rel in ("pyproject.toml", "gateway/app.py", "engines/sim/server.py"):
+    for rel in ("pyproject.toml", "gateway/app.py", "engines/sim/app.py"):
         assert df.in_context(rel), rel
     for rel in (".venv/bin/python", ".git/HEAD", "tests/unit/test_config.py", "deploy/.env",
                 "gateway/__pycache__/app.cpython-311.pyc", "engines/profiles/standard.yaml"):

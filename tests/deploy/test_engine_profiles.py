@@ -41,8 +41,8 @@ def test_profiles_use_only_real_vllm_flags() -> None:
 
 def test_standard_profile_enables_what_the_gateway_relies_on() -> None:
     std = load(PROFILES / "standard.yaml")
-    assert std["enable-prefix-caching"] is True  # prefix affinity (DESIGN §6)
-    assert std["enable-prompt-tokens-details"] is True  # cached_tokens for billing (DESIGN §8)
+    assert std["enable-prefix-caching"] is True  # prefix affinity
+    assert std["enable-prompt-tokens-details"] is True  # cached_tokens for billing
     assert "speculative-config" not in std
 
 

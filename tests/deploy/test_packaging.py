@@ -1,4 +1,4 @@
-"""Issue 13 item 5: building the package is quiet. setuptools (≥ 77, in pip's isolated build
+"""Building the package is quiet. setuptools (≥ 77, in pip's isolated build
 environment, as ``pip install``, ``pip wheel`` and the Dockerfile build) used to warn three
 times that ``project.license`` as a TOML table is deprecated (PEP 639)."""
 

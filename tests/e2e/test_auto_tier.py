@@ -1,4 +1,4 @@
-"""The auto tier through a real gateway and simulators (issue 10): at light load ``auto`` goes
+"""The auto tier through a real gateway and simulators: at light load ``auto`` goes
 fast; once the fast pool is saturated new sessions go standard, while a session whose long
 conversation is cached on fast stays there (the re-prefill would cost more than the gain).
 Reasons in ``x-speedgate-auto-reason``, the serving tier in ``x-speedgate-tier`` and

@@ -1,4 +1,4 @@
-"""Issue 21, "slow and idle clients hold the gateway forever": header and body read timeouts
+"""Fixed: "slow and idle clients hold the gateway forever": header and body read timeouts
 and the connection cap, against a real gateway process (raw sockets).
 
 The gateway here gives a client 1 s for its headers and 1 s plus one second per 200 bytes for

@@ -1,4 +1,4 @@
-"""The console end to end (issue 19): after known traffic through a real stack (simulators and
+"""The console end to end: after known traffic through a real stack (simulators and
 a gateway process, auth on), ``GET /v1/console/state`` reports exactly the requests, tokens,
 cost, TTFT percentiles, auto decisions, sessions and incidents the clients saw; it answers
 only an admin key, and neither it nor the page ever holds prompt text or a key. In a real

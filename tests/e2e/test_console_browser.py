@@ -1,4 +1,4 @@
-"""The console in a real browser (issue 19): headless Chromium loads ``/console`` from
+"""The console in a real browser: headless Chromium loads ``/console`` from
 ``speedgate demo`` under a little traffic; the rendered DOM shows every replica of both pools
 with its health and the tier charts with points, and a replica stopped during the test turns
 unhealthy on the page within seconds (screenshot: ``reports/console.png``). The admin-key

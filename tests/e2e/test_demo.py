@@ -103,7 +103,7 @@ def test_demo_serves_and_stops_cleanly(sig: signal.Signals, tmp_path):
         stderr.close()
 
 
-# --- issue 13 item 5: the newcomer's first minutes ---------------------------------------------
+# --- the newcomer's first minutes ---------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
 

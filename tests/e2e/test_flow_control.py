@@ -1,4 +1,4 @@
-"""Admission for agent fleets end to end (issue 17), through a real stack and the official
+"""Admission for agent fleets end to end, through a real stack and the official
 ``openai`` client: band order, fairness across keys, flex 429, shedding with ``Retry-After``,
 disconnect while queued, vLLM's ``priority`` field reaching the engine, and session budgets
 across two gateway processes sharing Redis.

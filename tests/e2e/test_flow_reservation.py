@@ -1,4 +1,4 @@
-"""A priority band's reserved slots end to end (issue 17): kept free *for* the band, not on top
+"""A priority band's reserved slots end to end: kept free *for* the band, not on top
 of what it holds. One replica with three slots (``max_inflight_per_replica: 3``), one of them
 reserved for the interactive band (``reserved_share: 0.3``). Slots are held by "blockers":
 streams the engine paces (``sim_faults.chunk_interval_s``) that the test closes when it

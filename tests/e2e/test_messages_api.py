@@ -1,4 +1,4 @@
-"""Anthropic Messages through the gateway with the official ``anthropic`` client (issue 16):
+"""Anthropic Messages through the gateway with the official ``anthropic`` client:
 ``messages.create`` with a system prompt, ``messages.stream``, tool use and tool results,
 ``count_tokens`` on the default pool, tiers, errors in Anthropic's shape and statuses, and
 telemetry equal to the engine's usage (``cache_read_input_tokens`` counted as cached)."""

@@ -447,7 +447,7 @@ def test_tier_selection(stack: Stack, client: OpenAI, kwargs: dict, tier: str) -
     resp = raw.parse()
     assert raw.headers["x-speedgate-tier"] == tier
     assert "x-speedgate-fallback" not in raw.headers
-    # a flex request is answered as flex (OpenAI's vocabulary; issue 17), served standard
+    # a flex request is answered as flex (OpenAI's vocabulary), served standard
     flex = kwargs.get("service_tier") == "flex"
     assert resp.service_tier == ("flex" if flex else SERVICE_TIER[tier])
     seen = only_engine_request(stack, tier)

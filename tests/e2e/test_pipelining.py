@@ -1,4 +1,4 @@
-"""Issue 21, "a pipelining client that closes early is logged as an internal error": it is a
+"""Fixed: "a pipelining client that closes early is logged as an internal error": it is a
 client disconnect (499), against a real gateway process with its default settings."""
 
 from __future__ import annotations

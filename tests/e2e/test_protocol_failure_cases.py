@@ -1,5 +1,5 @@
 """The stream failure cases of ../shared/cases/failure-cases.md re-run on the Responses API and
-Anthropic Messages (issue 16): UTF-8 split, comments and framing, resets before and after
+Anthropic Messages: UTF-8 split, comments and framing, resets before and after
 content, stalls, TTFT from the protocol's first content event, 429 with Retry-After, and
 client disconnects, each through the gateway against simulators scripted to misbehave."""
 

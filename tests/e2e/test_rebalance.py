@@ -1,4 +1,4 @@
-"""Issue 13 item 3: sessions bound during an outage rebalance once the other replicas are back.
+"""Sessions bound during an outage rebalance once the other replicas are back.
 
 Four simulated replicas; 40 agent sessions start while only one is up (every session binds
 there), the other three come back, and the sessions go on turn after turn at modest

@@ -1,4 +1,4 @@
-"""The Responses API through the gateway with the official ``openai`` client (issue 16): create,
+"""The Responses API through the gateway with the official ``openai`` client: create,
 stream, a function tool, tiers, ``previous_response_id`` expanded by the gateway, stored
 responses (GET/DELETE), ``store: false``, cancel of a running response, errors in the OpenAI
 shape, and telemetry equal to the engine's usage."""

@@ -1,4 +1,4 @@
-"""Responses state across gateway replicas (issue 16): a ``previous_response_id`` chain of 5
+"""Responses state across gateway replicas: a ``previous_response_id`` chain of 5
 turns alternating between two gateway processes that share Redis, with the replica serving it
 restarted in the middle. vLLM would lose its own stored responses at the restart and never see
 the other replica's; here the gateway owns the state, so every turn expands, and the chain's

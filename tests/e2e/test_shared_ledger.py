@@ -1,4 +1,4 @@
-"""Issue 21, "new sessions piled 7/3/0/0 on four replicas": the active sessions that the
+"""Fixed: "new sessions piled 7/3/0/0 on four replicas": the active sessions that the
 bounded-load rule counts are shared by every gateway replica through Redis, tested with two
 gateway processes in front of four replicas per tier.
 

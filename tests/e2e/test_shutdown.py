@@ -1,4 +1,4 @@
-"""Issue 13 item 4: a shutdown past ``server.graceful_shutdown_s`` is documented behaviour, so
+"""A shutdown past ``server.graceful_shutdown_s`` is documented behaviour, so
 it answers the requests still open (503 before headers, one in-band error on a started stream)
 and logs it at WARNING: no traceback, nothing at ERROR."""
 

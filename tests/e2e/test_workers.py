@@ -1,4 +1,4 @@
-"""``server.workers: 2`` with Redis (issue 18): the workers of one gateway share rate limits,
+"""``server.workers: 2`` with Redis: the workers of one gateway share rate limits,
 usage totals and sessions through Redis, so a client sees one gateway whichever worker
 accepts its connection. Requests go on fresh connections, concurrently, so the kernel hands
 them to both workers (``speedgate_process_info{pid}`` shows which worker answered a scrape).

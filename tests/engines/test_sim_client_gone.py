@@ -13,8 +13,8 @@ from aiohttp.client_exceptions import ClientConnectionResetError
 from aiohttp.test_utils import TestServer
 
 from engines.sim import sse
+from engines.sim.app import STATE, build_app
 from engines.sim.config import SimConfig
-from engines.sim.server import STATE, build_app
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""Issue 21, "the simulator is an instrument: it must answer bad input as vLLM does": ``stop``
+"""Fixed: "the simulator is an instrument: it must answer bad input as vLLM does": ``stop``
 as a number or a boolean and an absurd ``n`` are 400s in vLLM's shape, never a 500 or a
 generation that grows without bound."""
 

@@ -1,5 +1,5 @@
-"""The Responses API and Anthropic Messages through the gateway in front of real vLLM 0.32
-(issue 16), with the official ``openai`` and ``anthropic`` clients: shapes, typed event
+"""The Responses API and Anthropic Messages through the gateway in front of real vLLM 0.32,
+with the official ``openai`` and ``anthropic`` clients: shapes, typed event
 sequences, usage with cached tokens, tiers, ``previous_response_id`` owned by the gateway
 (vLLM runs without its own store), ``count_tokens``, and vLLM's errors in each API's shape.
 

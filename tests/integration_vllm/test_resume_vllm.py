@@ -27,7 +27,7 @@ from engines.vllm import prepare
 from engines.vllm.launcher import start_replica
 from engines.vllm.tinymodel import CYCLE_TEXT
 from gateway.demo import MODEL, demo_config
-from gateway.protocols.openai_chat import ChatProtocol
+from gateway.protocols.openai.chat import ChatProtocol
 from tests.integration_vllm.stack import VllmStack
 
 pytestmark = pytest.mark.timeout(600, func_only=True)

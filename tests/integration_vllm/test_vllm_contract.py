@@ -1,6 +1,6 @@
 """The gateway in front of real vLLM (CPU build, tiny random-weight Llama), through the official
-``openai`` client: every engine contract the gateway relies on (DESIGN §4) proven against the real
-engine, so a vLLM upgrade that changes one breaks this suite and not users.
+``openai`` client: every engine behaviour the gateway relies on (its contract), proven against
+the real engine, so a vLLM upgrade that changes one breaks this suite and not users.
 
 The model's weights are scripted to repeat one sentence (``engines.vllm.tinymodel``), the same on
 every CPU; the tests check shapes, counts and routing, and that sentence. ``ignore_eos`` (a vLLM

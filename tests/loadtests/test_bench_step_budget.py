@@ -1,4 +1,4 @@
-"""``loadtests/bench_step_budget.py`` (issue 31: CPU per request and per event by step, py-spy
+"""``loadtests/bench_step_budget.py`` (CPU per request and per event by step, py-spy
 samples against the floor) runs every cell without an error at a tiny size; its output has
 every cell, step and ratio, and each cell's steps sum to its measured total. No speed
 threshold: this machine is shared. The attribution rules are checked on hand-made stacks."""
@@ -25,7 +25,7 @@ def test_a_sample_belongs_to_its_innermost_step() -> None:
     assert step_of(["handle (gateway/relay/stream.py:3)", "read (aiohttp/streams.py:5)"]) == (
         "http stack")
     assert step_of(["run (uvicorn/server.py:1)", "__call__ (gateway/app.py:7)"]) == "other"
-    assert step_of(["x (gateway/protocols/openai_splice.py:2)"]) == "relay"
+    assert step_of(["x (gateway/protocols/openai/splice.py:2)"]) == "relay"
     assert step_of(["<module> (spin.py:1)"]) == "other"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("pyreqwest")
 
-from gateway.config.server import UpstreamConfig
+from gateway.config.process import UpstreamConfig
 from loadtests.pyreqwest_stack import PyreqwestUpstream, wants_stream
 
 EVENT = b"data: x\n\n"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 PAGES = {"index.md", "getting-started.md", "agents.md", "tiers.md", "resilience.md",
          "sessions.md", "admission.md", "telemetry.md", "console.md", "deployment.md",
          "configuration.md", "simulator.md", "benchmarks.md", "architecture.md",
-         "capacity.md"}
+         "capacity.md", "contributing.md"}
 
 
 def _nav_pages(nav: list) -> set[str]:
@@ -63,6 +64,7 @@ def _build(docs: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
                           env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
 
 
+@pytest.mark.slow
 def test_a_strict_build_fails_on_a_dead_link_and_ignores_pending_sections(tmp_path):
     docs = tmp_path / "docs"
     shutil.copytree(REPO / "docs", docs, ignore=shutil.ignore_patterns("pending", "__pycache__"))

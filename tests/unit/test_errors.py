@@ -11,7 +11,7 @@ def test_new_vllm_shape_passes_through():
     e = parse_engine_error(400, body)
     assert e.status == 400
     assert e.body()["error"] == {"message": "bad prompt", "type": "invalid_request_error",
-                                 "param": "messages", "code": "bad_request"}  # issue 13
+                                 "param": "messages", "code": "bad_request"}
 
 
 def test_old_flat_vllm_shape():

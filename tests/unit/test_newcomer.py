@@ -1,4 +1,4 @@
-"""Issue 13 item 5, the newcomer's first minutes: ``--version``, the simulator's ``--help``, and
+"""The newcomer's first minutes: ``--version``, the simulator's ``--help``, and
 what ``make demo`` installs (the runtime only; ``make test`` adds the dev and test extras)."""
 
 from __future__ import annotations

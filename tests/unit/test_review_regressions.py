@@ -13,7 +13,7 @@ from gateway.common.usage import Usage
 from gateway.config import ConfigError, GatewayConfig
 from gateway.errors import InvalidRequest, parse_engine_error
 from gateway.protocols.body import parse_body
-from gateway.protocols.openai_chat import ChatProtocol, ChunkRewriter, OpenAIStream
+from gateway.protocols.openai.chat import ChatProtocol, ChunkRewriter, OpenAIStream
 from gateway.relay.stream import StreamLimits, relay_events
 from gateway.upstream.attempt import RetryableFailure, _read_until_content
 from gateway.upstream.deadline import header_timeout_s

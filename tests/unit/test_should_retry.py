@@ -7,7 +7,7 @@ import pytest
 
 from gateway.admit.budget import BudgetExceeded
 from gateway.errors import GatewayError, NoHealthyReplica, should_retry
-from gateway.protocols.errors import ANTHROPIC_ERRORS, OPENAI_ERRORS
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, OPENAI_ERRORS
 
 
 @pytest.mark.parametrize(("status", "retry_after", "want"), [

@@ -1,4 +1,4 @@
-"""Issue 13 item 4, edges a user hits: trailing slashes, the code of an engine 404, the Python
+"""Trailing slashes, the code of an engine 404, the Python
 SDK's read timeout, and what the text access log says. The gateway app in-process in front of
 scripted engines (``tests.unit.upstream.engine_double``)."""
 
@@ -147,6 +147,7 @@ async def test_item4_access_log_text_has_cost_and_replica_name(caplog):
     assert "replica=m/standard/" in line and "127.0.0.1" not in line
 
 
+@pytest.mark.slow
 async def test_item4_access_log_499_before_headers_names_the_tier_and_replica_tried(caplog):
     """A client gone while the engine was still working: the line names what was tried."""
     caplog.set_level(logging.INFO, logger="speedgate.access")

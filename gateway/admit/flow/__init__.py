@@ -1,4 +1,4 @@
-"""Flow control, the last step of admission (DESIGN §13): a gateway queue per pool in front of
+"""Flow control, the last step of admission: a gateway queue per pool in front of
 saturated replicas, strict priority bands, fair queuing across keys and sessions, early
 shedding with an honest ``Retry-After``. A pool that cannot saturate pays nothing.
 

@@ -1,4 +1,4 @@
-"""A request's priority band (DESIGN §13). Pure.
+"""A request's priority band. Pure.
 
 First match wins:
 
@@ -61,7 +61,8 @@ def resolve_band(
             )
         return BandChoice(names.index(name), name, False, "header")
     flex = service_tier == "flex"
-    mapped = flow.service_tier_bands.get(service_tier) if isinstance(service_tier, str) else None
+    mapped = (flow.service_tier_bands.get(service_tier)
+              if service_tier in ("priority", "default", "flex") else None)
     if mapped is not None:
         name, source = mapped, "service_tier"
     elif key is not None and key.default_band is not None:

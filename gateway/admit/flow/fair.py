@@ -199,7 +199,7 @@ class FairQueue(Generic[T]):
         heapq.heappush(k.heap, (s.start, next(self._tie), s.token, name))
 
     @staticmethod
-    def _top(heap: list[tuple[float, int, int, str]], flows: dict) -> str | None:  # type: ignore[type-arg]
+    def _top(heap: list[tuple[float, int, int, str]], flows: dict) -> str | None:
         while heap:
             _, _, token, name = heap[0]
             f = flows.get(name)
@@ -208,7 +208,7 @@ class FairQueue(Generic[T]):
             heapq.heappop(heap)
         return None
 
-    def _take(self, heap: list[tuple[float, int, int, str]], flows: dict) -> str | None:  # type: ignore[type-arg]
+    def _take(self, heap: list[tuple[float, int, int, str]], flows: dict) -> str | None:
         name = self._top(heap, flows)
         if name is not None:
             heapq.heappop(heap)

@@ -1,5 +1,5 @@
-"""Flow control of one gateway process: a queue per pool in front of saturated replicas
-(DESIGN §13). What the handler calls:
+"""Flow control of one gateway process: a queue per pool in front of saturated replicas.
+What the handler calls:
 
 1. ``classify(key, header, doc, raw_size, session)`` → ``Admission``: band (``bands``), flex,
    fair-queuing flows and the request's estimated cost in tokens;

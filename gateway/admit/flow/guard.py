@@ -1,4 +1,4 @@
-"""The first-token guard of one pool (DESIGN §13): after a top-band request takes a slot, for
+"""The first-token guard of one pool: after a top-band request takes a slot, for
 the top band's typical time to first token (``first_token_guard_s`` at most), a lower band may
 not take the *last* slot free to it, so no batch prompt is prefilled in a full engine step that
 the first token waits for. Pure: times are seconds on the caller's monotonic clock.

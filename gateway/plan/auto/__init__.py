@@ -1,4 +1,4 @@
-"""The ``auto`` tier: standard or fast per request, from live measurements (issue 10).
+"""The ``auto`` tier: standard or fast per request, from live measurements.
 
 - ``estimator``: per-pool load-conditioned models of TTFT, prefill rate and TPOT, fitted by
   exponentially decayed ridge regression on the gateway's own measurements, plus spec-decode

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.common.tasks import cancel_and_wait
+from gateway.config import Tier
 from gateway.fleet.pools import replica_load
 from gateway.plan.auto.decide import AutoParams, PoolView, RequestFacts, TierDecision, decide
 from gateway.plan.auto.estimator import Measurement, PoolEstimator, expected_output_tokens
@@ -53,8 +54,8 @@ class AutoChoice:
     pool_key: str
 
     @property
-    def tier(self) -> str:
-        return self.decision.tier
+    def tier(self) -> Tier:
+        return "fast" if self.decision.tier == "fast" else "standard"
 
     @property
     def reason(self) -> str:

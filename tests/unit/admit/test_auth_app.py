@@ -145,6 +145,7 @@ _headers = st.fixed_dictionaries({}, optional={
 })
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=_bodies, headers=_headers, path=st.sampled_from(
     ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/usage"]))

@@ -16,7 +16,7 @@ from gateway.config import GatewayConfig
 from gateway.fleet.pools import PoolRegistry
 from gateway.plan.auto.service import AutoTier
 from gateway.plan.tiers import ModelIndex
-from gateway.protocols.openai_chat import ChatProtocol
+from gateway.protocols.openai.chat import ChatProtocol
 from gateway.telemetry.record import RequestRecord
 
 KEY, DIGEST = new_key()

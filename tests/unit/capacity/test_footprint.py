@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.capacity.footprint import FootprintError, kv_footprint, load_config
+from gateway.capacity.footprint import FootprintError, kv_footprint, load_model_config
 from gateway.capacity.presets import PRESETS, preset
 
 LLAMA_70B = PRESETS["llama-3-70b"].config
@@ -65,7 +65,7 @@ def test_session_blocks_are_vllm_cdiv_without_windows() -> None:
 
 def test_multimodal_text_config_and_config_folder(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "x", "text_config": LLAMA_70B}))
-    assert kv_footprint(load_config(tmp_path)).bytes_per_token == 327_680
+    assert kv_footprint(load_model_config(tmp_path)).bytes_per_token == 327_680
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_bad_input_is_named(cfg: dict, kwargs: dict, message: str) -> None:
 def test_unreadable_config(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{nope")
     with pytest.raises(FootprintError, match="cannot read model config"):
-        load_config(tmp_path / "bad.json")
+        load_model_config(tmp_path / "bad.json")
 
 
 def test_presets_by_alias() -> None:

@@ -130,6 +130,7 @@ def test_bomb_rss_stays_within_20_mb_of_idle_at_the_default_bound(coding: str) -
     assert got["rss_delta_mib"] < 20, got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("coding", ["gzip", "br", "zstd"])
 def test_inflation_past_the_ratio_is_413_and_below_it_is_served(coding: str) -> None:
     """A body inflating past ``MAX_INFLATION``:1 beyond the floor is refused while it

@@ -25,7 +25,7 @@ def test_open_half_open_close():
 
 
 def test_half_open_lets_one_trial_call_through():
-    """Issue 21, "the circuit breaker's half-open state lets everything through": after the
+    """Fixed: "the circuit breaker's half-open state lets everything through": after the
     cooldown exactly one caller is let through; the others keep their fallback until the trial
     answers (a failure re-opens for a whole cooldown, a success closes)."""
     now = [0.0]

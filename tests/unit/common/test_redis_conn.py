@@ -1,5 +1,5 @@
 """One Redis connection and one circuit breaker per gateway, shared by the routing store, the
-rate limiter and the usage store (issue 21, "three breakers, one reported")."""
+rate limiter and the usage store ("three breakers, one reported")."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from gateway.common.usage import Usage
 from gateway.config import load_config
 from gateway.console.recorder import ConsoleRecorder
 from gateway.console.sketch import RELATIVE_ACCURACY
-from gateway.console.snapshot import ConsoleSources, build_state
+from gateway.console.snapshot import ConsoleSources, console_snapshot
 from gateway.fleet.pools import PoolRegistry
 from gateway.plan.auto.service import AutoTier
 from gateway.telemetry.cost import cost_usd
@@ -86,7 +86,7 @@ def test_shape_and_units_after_known_traffic(world) -> None:
         rec.observe(_finished(config, pools, "standard", 0.2, session=f"s-{i % 2 + 2}"))
         mono.t += 1.0
         wall.t += 1.0
-    doc = orjson.loads(orjson.dumps(build_state(src)))  # JSON-serialisable as is
+    doc = orjson.loads(orjson.dumps(console_snapshot(src)))  # JSON-serialisable as is
     assert set(doc) == {"object", "version", "generated_at", "window_s", "step_s", "covered_s",
                         "refresh_s", "gateway", "models", "sessions", "cost", "incidents"}
     assert doc["object"] == "console.state" and doc["generated_at"] == wall.t
@@ -143,7 +143,7 @@ def test_replica_states_and_the_sick_marker(world) -> None:
         "vllm:prefix_cache_hits": 750, "vllm:spec_decode_num_drafts": 100,
         "vllm:spec_decode_num_draft_tokens": 400, "vllm:spec_decode_num_accepted_tokens": 280,
     }, now=mono.t - 0.5)
-    doc = build_state(src)
+    doc = console_snapshot(src)
     (m,) = doc["models"]
     s_pool, f_pool = m["pools"]
     assert (s_pool["tier"], s_pool["healthy"], s_pool["sick"], s_pool["usable"]) == (
@@ -166,7 +166,7 @@ def test_replica_states_and_the_sick_marker(world) -> None:
     assert doc["gateway"]["status"] == "ready"  # every model still has a healthy replica
     std.replicas[1].healthy = False
     fast.replicas[0].healthy = fast.replicas[1].healthy = False
-    assert build_state(src)["gateway"]["status"] == "not_ready"
+    assert console_snapshot(src)["gateway"]["status"] == "not_ready"
 
 
 def test_engine_rates_over_the_last_minute(world) -> None:
@@ -179,17 +179,17 @@ def test_engine_rates_over_the_last_minute(world) -> None:
                              now=mono.t)
 
     scrape(10_000, 1_000)  # a cold start: 10 % overall
-    build_state(src)
+    console_snapshot(src)
     mono.t += 10
     scrape(20_000, 10_000)  # the last 10 s: 9,000 of 10,000 hit
-    e = build_state(src)["models"][0]["pools"][1]["replicas"][0]["engine"]
+    e = console_snapshot(src)["models"][0]["pools"][1]["replicas"][0]["engine"]
     assert e["prefix_cache_hit_rate"] == 0.9 and e["over_s"] == 10.0
 
 
 def test_no_secret_in_the_document(world) -> None:
     w = world
     src = w.src
-    text = json.dumps(build_state(src))
+    text = json.dumps(console_snapshot(src))
     assert SECRET not in text and "admin:" not in text
     assert "10.0.0.1:8000" in text  # the address itself is shown
 
@@ -200,7 +200,7 @@ def test_window_override_narrows_the_summary_not_the_charts(world) -> None:
     rec.observe(_finished(config, pools, "fast", 0.1))
     mono.t += 30
     rec.observe(_finished(config, pools, "fast", 0.1))
-    doc = build_state(src, window_s=10)
+    doc = console_snapshot(src, window_s=10)
     fast = doc["models"][0]["tiers"]["fast"]
     assert doc["window_s"] == 10.0 and fast["requests"] == 1
     assert sum(fast["series"]["requests"]) == 2 and len(fast["series"]["t"]) == 12

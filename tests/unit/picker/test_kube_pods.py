@@ -16,9 +16,9 @@ from aiohttp import web
 
 from gateway.config import GatewayConfig
 from gateway.picker.decide import Picker, endpoint_of
+from gateway.picker.grpc_server import picker_protocols
 from gateway.picker.kube import pod_ready
 from gateway.picker.runtime import PickerRuntime
-from gateway.picker.server import picker_protocols
 from tests.e2e.helpers import wait_for
 from tests.unit.picker.direct import decide
 

@@ -18,8 +18,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from gateway.admit.auth import new_key
 from gateway.config import GatewayConfig
+from gateway.picker.grpc_server import PickerServer
 from gateway.picker.runtime import PickerRuntime
-from gateway.picker.server import PickerServer
 from tests.unit.picker.test_picker_grpc import (
     ENDPOINTS,
     _body,

@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.config import GatewayConfig
 from gateway.picker import messages as msg
+from gateway.picker.grpc_server import EXT_PROC_SERVICE, PickerServer
 from gateway.picker.runtime import PickerRuntime
-from gateway.picker.server import EXT_PROC_SERVICE, PickerServer
 
 ENDPOINTS = ["http://127.0.0.1:9", "http://127.0.0.2:9", "http://127.0.0.3:9"]
 

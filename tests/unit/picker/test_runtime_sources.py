@@ -7,8 +7,8 @@ import json
 
 from gateway.config import GatewayConfig
 from gateway.picker.decide import Picker, endpoint_of
+from gateway.picker.grpc_server import picker_protocols
 from gateway.picker.runtime import PickerRuntime
-from gateway.picker.server import picker_protocols
 from tests.unit.picker.direct import decide
 
 BODY = json.dumps({"model": "m", "max_tokens": 2,

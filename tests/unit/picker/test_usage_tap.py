@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from gateway.picker.usage import TAIL_BYTES, UsageTap
-from gateway.protocols.openai_chat import ChatProtocol
+from gateway.picker.usage_tap import TAIL_BYTES, UsageTap
+from gateway.protocols.openai.chat import ChatProtocol
 
 USAGE = {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16,
          "prompt_tokens_details": {"cached_tokens": 4}}

@@ -1,4 +1,4 @@
-"""The auto tier's policy (issue 10): estimator, decision rule, hysteresis, exploration,
+"""The auto tier's policy: estimator, decision rule, hysteresis, exploration,
 entitlements. Pure: no sockets."""
 
 from __future__ import annotations
@@ -351,7 +351,7 @@ def test_spec_counters_come_from_the_one_engine_scrape():
     assert SPEC_DRAFTS not in parse_engine_metrics("")
 
 
-# --- issue 13 item 3: auto tier stuck on the slower pool ----------------------------------------
+# --- auto tier stuck on the slower pool ----------------------------------------
 
 
 def _decode(tokens: int, tpot: float, fixed: float) -> float:

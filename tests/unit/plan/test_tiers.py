@@ -1,4 +1,4 @@
-"""Tier selection order: header, alias, service_tier, default (DESIGN §3)."""
+"""Tier selection order: header, alias, service_tier, default."""
 
 import pytest
 

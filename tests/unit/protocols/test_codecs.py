@@ -10,10 +10,10 @@ import orjson
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.admit.gate import estimate_tokens
 from gateway.common.sse import SSEEvent
 from gateway.config import TelemetryConfig
 from gateway.errors import GatewayError, NoHealthyReplica, UpstreamError, UpstreamTimeout
+from gateway.plan.kv_fit import estimate_tokens
 from gateway.protocols.base import (
     CONTENT,
     DONE,
@@ -25,11 +25,11 @@ from gateway.protocols.base import (
     HEAD_MALFORMED,
     Rewrite,
 )
-from gateway.protocols.errors import ANTHROPIC_ERRORS, RESPONSES_ERRORS
-from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
-from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
-from gateway.protocols.response_store import MemoryResponseStore
-from gateway.protocols.responses import ResponsesProtocol
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, RESPONSES_ERRORS
+from gateway.protocols.messages.protocol import CountTokensProtocol, MessagesProtocol
+from gateway.protocols.openai.chat import ChatProtocol, CompletionsProtocol
+from gateway.protocols.responses.protocol import ResponsesProtocol
+from gateway.protocols.responses.store import MemoryResponseStore
 from gateway.relay.stream import StreamLimits, relay_events
 from gateway.telemetry.record import RequestRecord
 from gateway.telemetry.tracing import Telemetry

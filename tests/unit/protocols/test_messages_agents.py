@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from engines.sim.messages_api import to_chat
-from gateway.protocols.messages import MessagesProtocol, parse_messages
+from gateway.protocols.messages.protocol import MessagesProtocol, parse_messages
 from gateway.telemetry.tokencount import count_chat_prompt
 from tests.e2e.agents import claude_code_body
 

@@ -8,9 +8,9 @@ import orjson
 from gateway.common.sse import SSEEvent
 from gateway.protocols.base import CONTENT, DONE, ERROR, HEAD_CONTENT, HEAD_ERROR, SKIP, ResumePoint
 from gateway.protocols.body import ParsedBody
-from gateway.protocols.messages import MessagesProtocol
-from gateway.protocols.openai_chat import ChatProtocol
-from gateway.protocols.openai_splice import Usage, summed_usage
+from gateway.protocols.messages.protocol import MessagesProtocol
+from gateway.protocols.openai.chat import ChatProtocol
+from gateway.protocols.openai.splice import Usage, summed_usage
 
 P = MessagesProtocol()
 

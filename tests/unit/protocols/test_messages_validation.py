@@ -10,7 +10,7 @@ import pytest
 
 from engines.sim.messages_api import SchemaError, to_chat
 from gateway.errors import InvalidRequest
-from gateway.protocols.messages import parse_messages
+from gateway.protocols.messages.protocol import parse_messages
 
 OK = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
 

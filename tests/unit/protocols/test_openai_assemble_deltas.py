@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.protocols.openai_assemble import assemble
+from gateway.protocols.openai.assemble import assemble
 
 
 def _chunk(delta: dict, finish: str | None = None, logprobs: dict | None = None) -> bytes:

@@ -8,9 +8,9 @@ import orjson
 from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.protocols.base import CONTENT, ERROR, SKIP, Rewrite
-from gateway.protocols.openai_assemble import assemble
-from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
-from gateway.protocols.openai_splice import summed_usage
+from gateway.protocols.openai.assemble import assemble
+from gateway.protocols.openai.chat import ChatProtocol, CompletionsProtocol
+from gateway.protocols.openai.splice import summed_usage
 from gateway.telemetry.tokencount import count_text
 
 REWRITE = Rewrite("served", "client", "standard")

@@ -10,10 +10,10 @@ from gateway.common.sse import DONE as DONE_DATA
 from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, Rewrite
-from gateway.protocols.openai_assemble import assemble
-from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
-from gateway.protocols.openai_resume import MAX_HEAL_CHARS, heal_tail
-from gateway.protocols.openai_splice import summed_usage
+from gateway.protocols.openai.assemble import assemble
+from gateway.protocols.openai.chat import ChatProtocol, CompletionsProtocol
+from gateway.protocols.openai.resume import MAX_HEAL_CHARS, heal_tail
+from gateway.protocols.openai.splice import summed_usage
 from gateway.telemetry.tokencount import count_text
 
 REWRITE = Rewrite("served", "client", "standard")

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.protocols.openai_assemble import assemble
+from gateway.protocols.openai.assemble import assemble
 
 HEAD = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
 

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from gateway.admit.auth import KeyRing, hash_key
 from gateway.config import ApiKeyConfig, AuthConfig
-from gateway.protocols.response_store import (
+from gateway.protocols.responses.store import (
     MemoryResponseStore,
     RedisResponseStore,
     StoreUnavailable,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.protocols.responses_input_list import list_page, listed_item, parse_limit
+from gateway.protocols.responses.input_list import list_page, listed_item, parse_limit
 
 RID = "resp_" + "ab" * 16
 
@@ -86,7 +86,7 @@ async def test_the_openai_sdk_auto_pager_ends_over_repeated_ids(order: str) -> N
     import openai
     from fastapi import FastAPI
 
-    from gateway.protocols.responses_routes import add_response_routes
+    from gateway.protocols.responses.routes import add_response_routes
 
     texts = [f"t{i}" for i in range(7)]
     stored = [{"type": "message", "role": "user", "content": t,

@@ -19,10 +19,10 @@ from gateway.protocols.base import (
     StreamCodec,
 )
 from gateway.protocols.body import ParsedBody
-from gateway.protocols.openai_splice import Usage, summed_usage
-from gateway.protocols.response_store import MemoryResponseStore
-from gateway.protocols.responses import ResponsesProtocol
-from gateway.protocols.responses_resume import ResponsesSplice
+from gateway.protocols.openai.splice import Usage, summed_usage
+from gateway.protocols.responses.protocol import ResponsesProtocol
+from gateway.protocols.responses.resume import ResponsesSplice
+from gateway.protocols.responses.store import MemoryResponseStore
 
 P = ResponsesProtocol(MemoryResponseStore(ttl_s=60, max_record_bytes=1 << 20, max_entries=10))
 REWRITE = Rewrite(served_model="served", client_model="client", tier="fast")

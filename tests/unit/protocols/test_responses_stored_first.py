@@ -14,7 +14,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.protocols.response_store import MemoryResponseStore
+from gateway.protocols.responses.store import MemoryResponseStore
 from tests.unit.upstream.engine_double import gateway_on, sse
 
 

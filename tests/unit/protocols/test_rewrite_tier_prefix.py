@@ -10,7 +10,7 @@ import pytest
 
 from gateway.common.sse import SSEParser
 from gateway.protocols.base import CONTENT
-from gateway.protocols.openai_chat import ChunkRewriter, OpenAIStream
+from gateway.protocols.openai.chat import ChunkRewriter, OpenAIStream
 
 CHUNK = b'{"id":"x","model":"served","choices":[{"index":0,"delta":{"content":"a"}}]}'
 

@@ -9,7 +9,7 @@ import openai
 import orjson
 from aiohttp import web
 
-from gateway.protocols.openai_assemble import assemble
+from gateway.protocols.openai.assemble import assemble
 from tests.unit.upstream.engine_double import chunk, gateway_on, sse
 
 CALLS = [

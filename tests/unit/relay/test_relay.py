@@ -6,7 +6,7 @@ import orjson
 
 from gateway.common.sse import SSEEvent
 from gateway.errors import UpstreamTimeout
-from gateway.protocols.openai_chat import ChunkRewriter, OpenAIStream
+from gateway.protocols.openai.chat import ChunkRewriter, OpenAIStream
 from gateway.relay.stream import StreamLimits, relay_events
 
 ROLE = SSEEvent(b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}')

@@ -1,4 +1,4 @@
-"""Issue 21, "long session ids grow memory without bound": a long ``x-session-id`` is kept as a
+"""Fixed: "long session ids grow memory without bound": a long ``x-session-id`` is kept as a
 fixed-size digest everywhere (routing session table, active-session ledger, the auto tier's
 session table, usage totals, the access log), and the tables are bounded by bytes as well as
 entries."""
@@ -33,6 +33,7 @@ def _config(url: str):
         "default_tier": "auto", "tiers": {"standard": pool, "fast": pool}}})
 
 
+@pytest.mark.slow
 async def test_long_session_ids_keep_a_fixed_size_digest_everywhere(sim):
     app = create_app(_config(sim.url))
     async with app.api.router.lifespan_context(app.api):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.protocols.errors import ANTHROPIC_ERRORS, OPENAI_ERRORS, RESPONSES_ERRORS
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, OPENAI_ERRORS, RESPONSES_ERRORS
 from gateway.routing.overflow import ContextTooLong
 
 PROMPT_TOO_LONG = ContextTooLong(40_000, 32_000, 32_768, prompt_param="messages")

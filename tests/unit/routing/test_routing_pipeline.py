@@ -282,7 +282,7 @@ def test_session_ledger_counts_moves_and_idles():
     assert led.counts() == {"r1": 1}  # a and d idle too long
 
 
-# --- issue 13 item 3: sessions bound during an outage rebalance ------------------------------
+# --- sessions bound during an outage rebalance ------------------------------
 
 
 def _agent_doc(task: int, turns: int) -> dict:

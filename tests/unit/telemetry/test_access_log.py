@@ -95,7 +95,7 @@ def _fields(line: str) -> list[tuple[str, str]]:
     "tab\tand\u2028line separator and \\ backslash",
 ])
 def test_text_access_log_cannot_be_forged(caplog, session_id):
-    """Issue 21, "the text access log can be forged": a client-supplied value (here the
+    """Fixed: "the text access log can be forged": a client-supplied value (here the
     ``x-session-id``, also the engine's error code in ``outcome``) can add neither a field nor a
     line; it reads back exactly."""
     rec = _rec()

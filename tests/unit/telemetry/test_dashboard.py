@@ -36,7 +36,7 @@ def exported() -> dict[str, set[str]]:
         "fallback": {"fast": "standard"}}})
     pools = PoolRegistry(config)
     m = GatewayMetrics(pools)
-    # admission under load (issue 17): one of each flow-control and budget event
+    # admission under load: one of each flow-control and budget event
     flow = FlowControl(config, pools)
     register_flow_metrics(flow, m.registry)
     budgets = SessionBudgets(config)

@@ -1,4 +1,4 @@
-"""No reference cycle per request (issue 18): a burst of requests through the ASGI app leaves
+"""No reference cycle per request: a burst of requests through the ASGI app leaves
 nothing for the cyclic collector, so its pauses never stall open streams.
 
 Deterministic, no timing: inside the test, automatic collection is off and

@@ -112,7 +112,7 @@ def test_admission_estimate_adds_the_output_cap_and_says_when_it_stopped(
     the prompt and the output cap together; past it the estimate is a lower bound."""
     import asyncio
 
-    from gateway.admit.gate import estimate_tokens, estimate_tokens_upto
+    from gateway.plan.kv_fit import estimate_tokens, estimate_tokens_upto
 
     doc = {**_chat(SENTENCE * 8000), "max_tokens": 1000}
     got = asyncio.run(estimate_tokens_upto(doc, "chat", 700_000, "cl100k_base", 32768))

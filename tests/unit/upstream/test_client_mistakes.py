@@ -1,4 +1,4 @@
-"""Issue 21: "a 4xx-class mistake in the client's body must never count toward a replica's
+"""Fixed: "a 4xx-class mistake in the client's body must never count toward a replica's
 outlier ejection, whatever the engine answers". The engines here answer every request with a
 500 (as the simulator once did for ``"stop": 5``); the client's mistakes must be answered 400
 by the gateway without reaching them, so no replica is ejected. The same engines' 500 to a

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from gateway.errors import EngineClientError, UpstreamOverloaded, parse_engine_error, stream_error
-from gateway.protocols.errors import ANTHROPIC_ERRORS, OPENAI_ERRORS
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, OPENAI_ERRORS
 
 ANTHROPIC_OVERLOAD = {"type": "error", "error": {"type": "overloaded_error",
                                                  "message": "Overloaded"}}

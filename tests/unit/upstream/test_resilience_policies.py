@@ -9,7 +9,7 @@ from gateway.config import OutlierConfig, RetryConfig
 from gateway.errors import InvalidRequest, UpstreamError
 from gateway.fleet.outlier import OutlierState, max_ejected, record_failure, record_success
 from gateway.fleet.retry_budget import RetryBudget
-from gateway.protocols.openai_chat import is_content
+from gateway.protocols.openai.chat import is_content
 from gateway.upstream.attempt import RetryableFailure, parse_retry_after
 from gateway.upstream.deadline import header_timeout_s, total_timeout_s
 from gateway.upstream.failover import _note_failure
@@ -38,7 +38,7 @@ def test_retry_budget_percent_plus_floor_in_window():
 
 
 def test_item3_retry_budget_first_retry_after_a_quiet_period_is_granted():
-    """Issue 13 item 3: the window is trimmed before the retries in it are counted. A burst
+    """The window is trimmed before the retries in it are counted. A burst
     of retries long past must not refuse the first retry after a quiet period (it answered
     a 429 with Retry-After: 1 in 30 ms instead of retrying)."""
     b = RetryBudget(RetryConfig(budget_percent=20, budget_min_retries=3, budget_window_s=10))

@@ -1,4 +1,4 @@
-"""Issue 13 item 2, upstream protocol: compression, Retry-After, usage the client did not ask
+"""Compression, Retry-After, usage the client did not ask
 for, oversized events. The gateway app in-process in front of scripted engines
 (``engine_double``): what the client gets, what each replica received, and what outlier
 detection holds against each replica."""
@@ -159,6 +159,7 @@ async def test_item2_retry_after_http_date_is_honoured():
         assert len(calls) == 2 and calls[1] - calls[0] >= 0.9
 
 
+@pytest.mark.slow
 async def test_item2_retry_after_on_504():
     async def script(request: web.Request, i: int) -> web.StreamResponse:
         await asyncio.sleep(5)

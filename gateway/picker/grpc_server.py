@@ -25,8 +25,8 @@ from grpc_health.v1._async import HealthServicer
 from gateway.picker.decide import Picker
 from gateway.picker.runtime import PickerRuntime
 from gateway.picker.stream import OutOfOrder, PickerStream
-from gateway.protocols.messages import CountTokensProtocol, MessagesProtocol
-from gateway.protocols.openai_chat import ChatProtocol, CompletionsProtocol
+from gateway.protocols.messages.protocol import CountTokensProtocol, MessagesProtocol
+from gateway.protocols.openai.chat import ChatProtocol, CompletionsProtocol
 
 log = logging.getLogger("speedgate.picker")
 

@@ -23,8 +23,8 @@ from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, ResumePoint, StreamCodec
-from gateway.protocols.errors import OPENAI_ERRORS
-from gateway.protocols.openai_splice import REASONING_KEYS, OpenAISplice, delta_reasoning
+from gateway.protocols.error_shapes import OPENAI_ERRORS
+from gateway.protocols.openai.splice import REASONING_KEYS, OpenAISplice, delta_reasoning
 
 _ERROR_KEY = b'"error"'
 _REASONING = frozenset(REASONING_KEYS)

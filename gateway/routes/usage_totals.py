@@ -24,7 +24,7 @@ from gateway.admit.audit import client_addr
 from gateway.admit.auth import PermissionDenied
 from gateway.admit.gate import Gate
 from gateway.errors import GatewayError
-from gateway.routes.errors import error_response, json_response
+from gateway.routes.json_answers import error_response, json_response
 from gateway.state import GatewayState
 from gateway.telemetry.usage_store import UsageStoreUnavailable
 from gateway.telemetry.usage_tree import session_tree
@@ -53,12 +53,13 @@ def add_usage_route(app: FastAPI, state: GatewayState, gate: Gate) -> None:
         try:
             caller = gate.authenticate(request.scope)
             plain = caller is not None and not caller.config.admin
-            if plain and session_id is None and key_id != caller.id:
+            if caller is not None and plain and session_id is None and key_id != caller.id:
                 raise PermissionDenied(
                     "Reading usage of other keys needs an admin API key.",
                     code="admin_required",
                 )
-            if plain and session_id is not None and key_id not in (None, caller.id):
+            if (caller is not None and plain and session_id is not None
+                    and key_id not in (None, caller.id)):
                 raise session_not_found(session_id)  # another key's: as if unknown
         except GatewayError as e:
             if isinstance(e, PermissionDenied):

@@ -23,11 +23,11 @@ engine that names its responses itself, ignoring ``request_id``, has its id kept
 response whose terminal event lists no ``output`` after its items were streamed is stored with
 the items the client received (``response.output_item.done``).
 
-Mid-stream resume (``responses_resume``): a stream broken inside a message item's text is
+Mid-stream resume (``responses.resume``): a stream broken inside a message item's text is
 continued through the engine's ``/v1/chat/completions`` (``continuation_path``) and spliced
 into the client's stream; the codec's ``framing`` keeps what that needs.
 
-State (``responses_state.ResponsesState``, attribute ``state``): stored responses expand
+State (``responses.state.ResponsesState``, attribute ``state``): stored responses expand
 ``previous_response_id`` and answer ``GET``/``DELETE /v1/responses/{id}``; responses in flight
 on this process can be cancelled (``POST /v1/responses/{id}/cancel``).
 """
@@ -52,6 +52,7 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     Protocol,
+    Resumable,
     ResumePoint,
     Rewrite,
     StreamCodec,
@@ -59,24 +60,24 @@ from gateway.protocols.base import (
     named_event,
 )
 from gateway.protocols.body import ParsedBody, load_json_object, splice_model
-from gateway.protocols.errors import RESPONSES_ERRORS, ErrorShape
-from gateway.protocols.openai_chat import is_content as chat_is_content
-from gateway.protocols.response_store import ResponseStore
-from gateway.protocols.responses_items import (
+from gateway.protocols.error_shapes import RESPONSES_ERRORS, ErrorShape
+from gateway.protocols.openai.chat import is_content as chat_is_content
+from gateway.protocols.responses.items import (
     DELTA_EVENTS,
     chat_view,
     event_text,
     input_items,
     output_items_text,
 )
-from gateway.protocols.responses_resume import (
+from gateway.protocols.responses.resume import (
     CONTINUATION_PATH,
     Framing,
     ResponsesSplice,
     continuation_body,
     resume_point,
 )
-from gateway.protocols.responses_state import ResponsesState, Turn
+from gateway.protocols.responses.state import ResponsesState, Turn
+from gateway.protocols.responses.store import ResponseStore
 from gateway.telemetry.record import RequestRecord
 
 TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -115,14 +116,15 @@ def _rewrite_response(resp: dict[str, Any], rewrite: Rewrite, turn: Turn) -> Non
 def _engine_error(doc: dict[str, Any]) -> UpstreamError:
     """The client-facing error of an engine's ``error`` event or failed response: its message
     kept (never the rest of the document, which may hold output text)."""
-    inner = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+    error = doc.get("error")
+    inner: dict[str, Any] = error if isinstance(error, dict) else doc
     message = inner.get("message")
     return UpstreamError(f"engine error: {message if isinstance(message, str) else 'unknown'}")
 
 
 class ResponsesStream(StreamCodec):
     """One Responses stream (module docstring); ``framing`` is what it relayed of the
-    stream's framing (``responses_resume.Framing``: the last ``sequence_number`` seen, so a
+    stream's framing (``responses.resume.Framing``: the last ``sequence_number`` seen, so a
     gateway error event continues the numbering, and what a mid-stream resume continues)."""
 
     __slots__ = ("framing", "rewrite", "turn")
@@ -182,7 +184,7 @@ class ResponsesStream(StreamCodec):
         return self.framing.blocker(point)
 
 
-class ResponsesProtocol(Protocol):
+class ResponsesProtocol(Protocol, Resumable):
     """``POST /v1/responses`` and the state behind ``GET``/``DELETE``/``cancel``."""
 
     name = "responses"

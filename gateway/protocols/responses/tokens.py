@@ -26,7 +26,7 @@ from gateway.common.usage import Usage
 from gateway.errors import UpstreamError
 from gateway.protocols.base import Rewrite, Running
 from gateway.protocols.body import ParsedBody
-from gateway.protocols.responses import ResponsesProtocol
+from gateway.protocols.responses.protocol import ResponsesProtocol
 from gateway.telemetry.record import RequestRecord
 
 

@@ -1,7 +1,7 @@
 """The codec that splices a continuation's chunks into the client's OpenAI stream
 (``OpenAISplice``: one id, one role chunk, the healed tail dropped, usage summed over the
 attempts) and the end the gateway writes for a stream whose every choice finished before its
-replica broke it (``stream_ending``). The continuation itself is ``openai_resume``'s."""
+replica broke it (``stream_ending``). The continuation itself is ``openai.resume``'s."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def stream_ending(
         if isinstance(doc, dict):
             last = doc
             break
-    chunk = {k: last[k] for k in ("id", "object", "created", "model", "system_fingerprint")
-             if k in last}
+    keep = ("id", "object", "created", "model", "system_fingerprint")
+    chunk: dict[str, Any] = {k: last[k] for k in keep if k in last}
     ident_id, created = ident
     if ident_id is not None:
         chunk["id"] = ident_id
@@ -252,8 +252,8 @@ def _drop_logprobs(choice: dict[str, Any], chars: int, chat: bool) -> None:
     tokens = ([e.get("token") if isinstance(e, dict) else None for e in lp.get("content") or ()]
               if chat else list(lp.get("tokens") or ()))
     k, seen = 0, 0
-    while k < len(tokens) and isinstance(tokens[k], str) and seen + len(tokens[k]) <= chars:
-        seen += len(tokens[k])
+    while k < len(tokens) and isinstance(t := tokens[k], str) and seen + len(t) <= chars:
+        seen += len(t)
         k += 1
     cut = chars - seen  # characters of token ``k`` the client had
     token = tokens[k] if k < len(tokens) else None
@@ -285,7 +285,7 @@ def _shift_offsets(choices: list[Any], by: int) -> bool:
     for c in choices:
         lp = c.get("logprobs") if isinstance(c, dict) else None
         offsets = lp.get("text_offset") if isinstance(lp, dict) else None
-        if isinstance(offsets, list) and offsets:
+        if isinstance(lp, dict) and isinstance(offsets, list) and offsets:
             lp["text_offset"] = [o + by if isinstance(o, int) else o for o in offsets]
             shifted = True
     return shifted

@@ -1,7 +1,7 @@
 """The part the splices of a chat-completions continuation into a typed-event stream share
 (``TextSplice``: Messages' ``MessagesSplice``, Responses' ``ResponsesSplice``): read each chat
 chunk of the continuation, sum the usage over the attempts, drop the healed tail the client
-already has (token healing, ``openai_resume.heal_tail``), note the finish, and hand each new
+already has (token healing, ``openai.resume.heal_tail``), note the finish, and hand each new
 piece of text to the protocol's own event (``text_event``) and the end to its own ending
 (``ending_events``)."""
 
@@ -15,7 +15,7 @@ from gateway.common.sse import SSEEvent
 from gateway.common.usage import Usage
 from gateway.errors import GatewayError, UpstreamError, stream_error
 from gateway.protocols.base import CONTENT, DONE, ERROR, SKIP, ResumePoint, StreamCodec
-from gateway.protocols.openai_splice import delta_reasoning, summed_usage
+from gateway.protocols.openai.splice import delta_reasoning, summed_usage
 from gateway.telemetry.tokencount import count_text
 
 
@@ -112,7 +112,8 @@ class TextSplice(StreamCodec):
                 return DONE, self.ending_events()
             return SKIP, b""
         c = choices[0] if isinstance(choices[0], dict) else {}
-        delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
+        d = c.get("delta")
+        delta: dict[str, Any] = d if isinstance(d, dict) else {}
         if delta.get("tool_calls") or delta_reasoning(delta):
             return self._fail(UpstreamError(
                 f"the continuation of a {self.cut} produced a tool call or reasoning"))

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.protocols.response_ids import CANCEL_CHANNEL, RUN_SPACE
+from gateway.protocols.responses.ids import CANCEL_CHANNEL, RUN_SPACE
 
 log = logging.getLogger("speedgate.responses")
 

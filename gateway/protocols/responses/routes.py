@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import GatewayError
-from gateway.protocols.responses_input_list import list_page, parse_limit
-from gateway.protocols.responses_state import ResponseNotFound, ResponsesState
+from gateway.protocols.responses.input_list import list_page, parse_limit
+from gateway.protocols.responses.state import ResponseNotFound, ResponsesState
 
 
 def _answer(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
@@ -77,7 +77,7 @@ def add_response_routes(
 
     @app.get("/v1/responses/{response_id:response_id}/input_items")
     async def list_input_items(request: Request, response_id: str) -> Response:
-        """The input items of a stored response (``responses_input_list``)."""
+        """The input items of a stored response (``responses.input_list``)."""
         q = request.query_params
         try:
             limit = parse_limit(q.get("limit"))

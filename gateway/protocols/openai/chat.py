@@ -29,17 +29,19 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     SKIP,
+    Assembling,
     Protocol,
+    Resumable,
     ResumePoint,
     Rewrite,
     StreamCodec,
     json_object,
 )
 from gateway.protocols.body import ParsedBody, parse_body, upstream_body
-from gateway.protocols.errors import OPENAI_ERRORS, ErrorShape
-from gateway.protocols.openai_assemble import AssemblyCodec, assemble
-from gateway.protocols.openai_resume import continuation_body, resume_point
-from gateway.protocols.openai_splice import OpenAISplice, stream_ending
+from gateway.protocols.error_shapes import OPENAI_ERRORS, ErrorShape
+from gateway.protocols.openai.assemble import AssemblyCodec, assemble
+from gateway.protocols.openai.resume import continuation_body, resume_point
+from gateway.protocols.openai.splice import OpenAISplice, stream_ending
 from gateway.telemetry.tokencount import completion_text, response_text
 
 _MISSING = object()
@@ -170,7 +172,7 @@ class OpenAIStream(StreamCodec):
         return stream_ending(self.rewriter, relayed, report, ident)
 
 
-class ChatProtocol(Protocol):
+class ChatProtocol(Protocol, Resumable, Assembling):
     """``POST /v1/chat/completions``."""
 
     name = "chat"
@@ -263,7 +265,7 @@ class CompletionsProtocol(ChatProtocol):
 
 def _assembled(body: ParsedBody) -> ParsedBody:
     """A non-stream request is streamed upstream and its JSON answer assembled by the gateway
-    (``gateway.protocols.openai_assemble``): staged timeouts and resume apply to it too. Not
+    (``gateway.protocols.openai.assemble``): staged timeouts and resume apply to it too. Not
     one asking for ``prompt_logprobs``: vLLM refuses them with ``stream: true`` (its request
     validators in vllm/entrypoints/openai/protocol.py), so it goes upstream as JSON."""
     body.assemble = not body.stream and body.doc.get("prompt_logprobs") is None

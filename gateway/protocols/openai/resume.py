@@ -1,6 +1,6 @@
 """Mid-stream resume for OpenAI chat and legacy completions streams: what the client already
 got (``resume_point``), and the continuation request (``continuation_body``); the codec that
-splices the continuation's chunks into the client's stream is ``openai_splice.OpenAISplice``.
+splices the continuation's chunks into the client's stream is ``openai.splice.OpenAISplice``.
 
 Nothing here runs while a stream flows: the relay keeps references to the raw payloads it sent
 and these functions read them once, after a break. The continuation asks vLLM to continue the
@@ -18,7 +18,7 @@ import orjson
 
 from gateway.protocols.base import ResumePoint
 from gateway.protocols.body import ParsedBody
-from gateway.protocols.openai_splice import delta_reasoning
+from gateway.protocols.openai.splice import delta_reasoning
 from gateway.telemetry.tokencount import count_text
 
 

@@ -15,7 +15,7 @@ on this process for ``POST /v1/responses/{id}/cancel``.
   connection closes, the engine stops) after telling its replica (vLLM's own cancel, best
   effort); the client of that request gets 409 ``response_cancelled`` (or an in-band ``error``
   event if it streams). With Redis, a cancel reaching another gateway process is passed to the
-  one running the response (``responses_cancel.CancelBus``).
+  one running the response (``responses.cancel.CancelBus``).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.protocols.base import Running
 from gateway.protocols.body import ParsedBody
-from gateway.protocols.response_ids import is_response_id
-from gateway.protocols.response_store import ResponseStore, StoreUnavailable
-from gateway.protocols.responses_cancel import CancelBus
-from gateway.protocols.responses_input_list import listed_item
-from gateway.protocols.responses_items import chat_view
+from gateway.protocols.responses.cancel import CancelBus
+from gateway.protocols.responses.ids import is_response_id
+from gateway.protocols.responses.input_list import listed_item
+from gateway.protocols.responses.items import chat_view
+from gateway.protocols.responses.store import ResponseStore, StoreUnavailable
 from gateway.telemetry.record import RequestRecord
 
 log = logging.getLogger("speedgate.responses")
@@ -245,7 +245,7 @@ class ResponsesState:
     async def input_items(self, response_id: str, key_id: str | None) -> list[dict[str, Any]]:
         """``GET /v1/responses/{id}/input_items``: every input item the engine saw for a stored
         response, oldest first (earlier turns' inputs and outputs, then its own input), shaped
-        by ``responses_input_list.listed_item``; 404 ``ResponseNotFound``, 503
+        by ``responses.input_list.listed_item``; 404 ``ResponseNotFound``, 503
         ``StateUnavailable``."""
         rec = await self._record(response_id, key_id)
         try:

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from gateway.common.breaker import CircuitBreaker
-from gateway.protocols.response_ids import RECORD_SPACE
+from gateway.protocols.responses.ids import RECORD_SPACE
 
 log = logging.getLogger("speedgate.responses")
 
@@ -176,7 +176,7 @@ class MemoryResponseStore(ResponseStore):
 
 
 class RedisResponseStore(ResponseStore):
-    """Records as Redis strings ``<prefix>rec:<id>`` with a TTL (``response_ids``: the run
+    """Records as Redis strings ``<prefix>rec:<id>`` with a TTL (``responses.ids``: the run
     markers live in ``<prefix>run:``), behind a circuit breaker.
     ``client`` is a ``redis.asyncio.Redis``."""
 

@@ -13,8 +13,8 @@ from starlette.responses import Response
 
 from gateway.asgi import request_id
 from gateway.errors import GatewayError
-from gateway.protocols.errors import ANTHROPIC_ERRORS, OPENAI_ERRORS
-from gateway.protocols.responses_routes import malformed_response_id, response_not_found
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, OPENAI_ERRORS
+from gateway.protocols.responses.routes import malformed_response_id, response_not_found
 
 
 def error_response(e: GatewayError) -> Response:

@@ -54,6 +54,7 @@ from gateway.protocols.base import (
     HEAD_FRAME,
     HEAD_MALFORMED,
     Protocol,
+    Resumable,
     ResumePoint,
     Rewrite,
     StreamCodec,
@@ -61,15 +62,15 @@ from gateway.protocols.base import (
     named_event,
 )
 from gateway.protocols.body import ParsedBody, splice_model
-from gateway.protocols.errors import ANTHROPIC_ERRORS, ErrorShape
-from gateway.protocols.messages_request import ANTHROPIC_SERVICE_TIERS, parse_messages
-from gateway.protocols.messages_resume import (
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS, ErrorShape
+from gateway.protocols.messages.request import ANTHROPIC_SERVICE_TIERS, parse_messages
+from gateway.protocols.messages.resume import (
     CONTINUATION_PATH,
     MessagesSplice,
     continuation_body,
     resume_point,
 )
-from gateway.protocols.openai_chat import is_content as chat_is_content
+from gateway.protocols.openai.chat import is_content as chat_is_content
 
 _USAGE_FIELDS = (
     "input_tokens",
@@ -196,7 +197,7 @@ def _delta_text(doc: dict[str, Any]) -> str:
     return ""
 
 
-class MessagesProtocol(Protocol):
+class MessagesProtocol(Protocol, Resumable):
     """``POST /v1/messages`` (module docstring)."""
 
     name = "messages"

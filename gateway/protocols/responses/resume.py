@@ -5,7 +5,7 @@ output into the client's stream (``ResponsesSplice``).
 
 vLLM's ``/v1/responses`` cannot continue a partial assistant turn (it renders the input as a
 chat with a generation prompt and has no ``continue_final_message``), so, as for Messages
-(``messages_resume``), the continuation goes to the same engine's ``/v1/chat/completions`` with
+(``messages.resume``), the continuation goes to the same engine's ``/v1/chat/completions`` with
 the input converted the way vLLM's Responses serving converts it (``instructions`` as the
 system message, message items by role (an ``input_image`` part as chat's ``image_url``),
 ``function_call`` / ``function_call_output`` items as tool calls and results, ``reasoning``
@@ -41,9 +41,9 @@ from gateway.common.usage import Usage
 from gateway.errors import GatewayError
 from gateway.protocols.base import ResumePoint, StreamCodec, named_event
 from gateway.protocols.body import ParsedBody
-from gateway.protocols.errors import RESPONSES_ERRORS
-from gateway.protocols.openai_resume import heal_tail
-from gateway.protocols.text_splice import TextSplice, chat_continuation
+from gateway.protocols.error_shapes import RESPONSES_ERRORS
+from gateway.protocols.openai.resume import heal_tail
+from gateway.protocols.splice.text_splice import TextSplice, chat_continuation
 from gateway.telemetry.tokencount import count_text
 
 #: the engine's chat path the continuation is sent to (module docstring)

@@ -33,9 +33,9 @@ from gateway.common.sse import SSEEvent
 from gateway.errors import GatewayError
 from gateway.protocols.base import ResumePoint, StreamCodec, named_event
 from gateway.protocols.body import ParsedBody
-from gateway.protocols.errors import ANTHROPIC_ERRORS
-from gateway.protocols.openai_resume import heal_tail
-from gateway.protocols.text_splice import TextSplice, chat_continuation
+from gateway.protocols.error_shapes import ANTHROPIC_ERRORS
+from gateway.protocols.openai.resume import heal_tail
+from gateway.protocols.splice.text_splice import TextSplice, chat_continuation
 from gateway.telemetry.tokencount import count_text
 
 #: the engine's chat path the continuation is sent to (module docstring)
@@ -181,7 +181,8 @@ def continuation_body(
     if tools:
         out["tools"] = tools
         choice = doc.get("tool_choice")
-        kind = choice.get("type") if isinstance(choice, dict) else None
+        choice = choice if isinstance(choice, dict) else {}
+        kind = choice.get("type")
         out["tool_choice"] = ({"type": "function", "function": {"name": choice.get("name")}}
                               if kind == "tool" else
                               {"any": "required", "none": "none"}.get(kind or "", "auto"))
