@@ -2,10 +2,18 @@
 arguments, whether it reasons first, what structured output it writes, and scripted turns.
 Pure; the chat-form request body (``engines.sim.apis``' ``to_chat``) is the input.
 
-- after a tool result (the conversation ends with a ``tool`` message) the answer is text under
-  the default policy ``text`` (so agent loops end), another call under ``call``, and under
-  ``mix`` a call for half the prompts, chosen by the prompt and ``--seed``;
+- after a tool result (a ``tool`` message after the conversation's last assistant message:
+  an agent may append system or user notes after the result) the answer is text under the
+  default policy ``text`` (so agent loops end), another call under ``call``, and under ``mix``
+  a call for half the prompts, chosen by the prompt and ``--seed``;
+- a request whose user message asks for a summary of the conversation (a coding agent's
+  compaction: one of :data:`SUMMARY_REQUESTS`) is answered in text;
 - ``tool_choice`` ``required`` or a named function always calls, ``none`` never does;
+- which tool an unnamed call picks (:func:`pick_tool`): the most preferred read-only tool
+  offered (:data:`READ_ONLY_TOOLS`: a call of it with generated arguments changes nothing), else the
+  first tool that neither starts a subagent, asks the user, nor schedules or switches work
+  (:data:`NEVER_CALLED`: a subagent's own first turn would call it again, without end; a
+  non-interactive run has no one to answer), else none (a text answer);
 - arguments: :func:`engines.sim.schema_values.schema_value` of the tool's ``parameters``
   (required properties only unless ``tool_arguments`` is ``all``);
 - reasoning is asked by ``reasoning_effort`` (other than ``none``) or ``chat_template_kwargs``
@@ -82,10 +90,53 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
 
 
+#: tool names (lower case) an unscripted call prefers, most preferred first: they only read
+#: (Claude Code's ``Read``, OpenCode's ``read``, Codex's ``view_image``), so generated
+#: arguments do no harm (a missing file is an error the agent reports back); ``glob`` and
+#: ``grep`` last, as OpenCode runs them with ripgrep, which it may have to download first
+READ_ONLY_TOOLS = ("read", "read_file", "view_image", "ls", "list", "list_dir", "glob", "grep")
+#: parts of tool names (lower case) an unscripted call never picks: subagents (Claude Code's
+#: ``Agent``, ``SendMessage``, ``Workflow``; Codex's ``multi_agent_v1``), questions to the user
+#: (``AskUserQuestion``, OpenCode's ``question``, Codex's ``request_user_input``), mode and
+#: worktree switches, scheduled turns (``ScheduleWakeup``, ``CronCreate``); OpenCode's and
+#: older Claude Code's subagent tool is ``task``/``Task`` (matched whole: ``TaskList`` only reads)
+NEVER_CALLED = ("agent", "question", "user_input", "planmode", "worktree", "workflow",
+                "wakeup", "cron", "sendmessage")
+#: phrases of the coding agents' compaction requests (read from the requests they send):
+#: Claude Code's summary request, Codex's compaction prompt
+SUMMARY_REQUESTS = ("Respond with plain text only", "CONTEXT CHECKPOINT COMPACTION")
+
+
 def after_tool_result(body: dict[str, Any]) -> bool:
-    """True when the conversation's last message is a tool result."""
-    msgs = _messages(body)
-    return bool(msgs) and msgs[-1].get("role") == "tool"
+    """True when a tool result follows the conversation's last assistant message (an agent
+    may append system or user notes after the result)."""
+    for m in reversed(_messages(body)):
+        role = m.get("role")
+        if role == "tool":
+            return True
+        if role == "assistant":
+            return False
+    return False
+
+
+def pick_tool(names: list[str]) -> str | None:
+    """The tool an unnamed call picks among ``names`` (the request's, in order): the most
+    preferred of :data:`READ_ONLY_TOOLS` offered, else the first matching no part of
+    :data:`NEVER_CALLED` (nor named ``task``), else None."""
+    by_name = {name.lower(): name for name in reversed(names)}
+    for low in READ_ONLY_TOOLS:
+        if low in by_name:
+            return by_name[low]
+    for name in names:
+        low = name.lower()
+        if low != "task" and not any(part in low for part in NEVER_CALLED):
+            return name
+    return None
+
+
+def asks_for_summary(body: dict[str, Any]) -> bool:
+    """True when a user message holds one of :data:`SUMMARY_REQUESTS`."""
+    return any(p in t for t in user_texts(body) for p in SUMMARY_REQUESTS)
 
 
 def turn_index(body: dict[str, Any]) -> int:
@@ -119,10 +170,12 @@ def tool_to_call(body: dict[str, Any], policy: TurnPolicy, key: int) -> str | No
         name = (choice.get("function") or {}).get("name")
         if name:
             return str(name)
-    first = names[0] if names else "tool"
-    if choice == "required" or not after_tool_result(body):
-        return first
-    if policy.after_tool_result == "call":
+    first = pick_tool(names) if names else "tool"
+    if choice == "required":
+        return first or names[0]
+    if asks_for_summary(body):
+        return None
+    if not after_tool_result(body) or policy.after_tool_result == "call":
         return first
     if policy.after_tool_result == "mix" and mix(key ^ policy.seed, "after-tool") % 2:
         return first

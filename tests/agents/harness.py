@@ -181,16 +181,21 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float = RUN_
 
 def run_claude(claude: Path, stack: Stack, scratch: Path, home: Path, model: str | None = None,
                prompt: str = "Write hello.txt, count its bytes into count.txt, read it back.",
-               max_turns: int = 10) -> AgentRun:
+               max_turns: int | None = 10, allowed_tools: str | None = "Write,Bash,Read",
+               ) -> AgentRun:
     """``claude -p`` on ``prompt``, configured by ``docs/agents/claude-code.env`` (``model``,
-    when given, replaces its models), with permission for the Write, Bash and Read tools (a
-    non-interactive run cannot ask; every other tool stays offered)."""
+    when given, replaces its models), with permission for ``allowed_tools`` (a
+    non-interactive run cannot ask; every other tool stays offered; None: Claude Code's own
+    defaults) and at most ``max_turns`` turns (None: no ``--max-turns``)."""
     env = {"HOME": str(home), **docs_env("claude-code.env", stack.base_url), **CLAUDE_QUIET}
     if model is not None:
         env |= {k: model for k in ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
                                     "ANTHROPIC_SMALL_FAST_MODEL")}
-    cmd = [str(claude), "-p", prompt, "--allowedTools", "Write,Bash,Read",
-           "--output-format", "json", "--max-turns", str(max_turns)]
+    cmd = [str(claude), "-p", prompt, "--output-format", "json"]
+    if allowed_tools is not None:
+        cmd += ["--allowedTools", allowed_tools]
+    if max_turns is not None:
+        cmd += ["--max-turns", str(max_turns)]
     done, wall = _run(cmd, scratch, env)
     run = AgentRun(done.returncode, done.stdout, done.stderr, wall)
     try:
