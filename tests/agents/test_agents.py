@@ -224,16 +224,6 @@ def test_replica_reset_mid_answer_resumes_codex(agents: Agents, stack: Stack,
     assert last["outcome"] == "ok" and last["replica"] != lines[-2]["replica"]
 
 
-def test_unscripted_codex_run_ends(agents: Agents, stack: Stack, tmp_path: Path) -> None:
-    """Without a script Codex's loop ends too: the first answer calls its first tool with
-    schema-valid arguments (``cmd`` a word: a command that fails), the answer after that tool
-    result is text."""
-    run, lines, _, _ = _run("codex", agents, stack, tmp_path, MODEL, script_task=False)
-    assert run.rc == 0 and not run.errors, run.stdout[-2000:]
-    assert len(lines) == 2 and all(e["status"] == "200" for e in lines)
-    assert run.turns == 1 and run.result
-
-
 def test_agents_sdk_snippet_runs(stack: Stack, tmp_path: Path) -> None:
     """``docs/agents/agents_sdk.py``, its base URL the demo's, runs to its end: an answer
     printed, its one request through the gateway with the snippet's ``x-session-id``."""
