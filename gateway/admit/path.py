@@ -16,7 +16,8 @@ rest in this order, each step able to refuse in the client API's terms:
    budget: 400/403/429) into the edge's ``Lent`` handle;
 5. the routing keys (sessions scoped to the API key), the auto tier's choice with live
    estimates, the plan (tier and fallback chain) and KV fit (``gateway.admit.kv_fit``: only
-   replicas whose context and KV pool hold the request; 400 when it fits none).
+   replicas whose context and KV pool hold the request; 400 when it fits none, or, when only
+   its output cap does not fit, sent without it and said so in ``x-speedgate-output-cap``).
 
 What the edge still does itself: the queue wait on the plan's first pool (``Lent.wait``: the
 proxy waits inside its disconnect watch with its keep-alive armed, the picker at once) and
@@ -32,7 +33,7 @@ from gateway.admit.parse import read_checked
 from gateway.admit.session import body_session, derived_session
 from gateway.plan.auto.service import choose_auto
 from gateway.plan.chain import plan_request
-from gateway.plan.kv_fit import fit_replicas
+from gateway.plan.kv_fit import fit_replicas, lowered_note
 from gateway.routing import RouteRequest
 from gateway.routing.keys import affinity_id
 
@@ -116,6 +117,9 @@ async def admit_and_plan(
     # only replicas whose context and KV pool hold it; fits none: refused now
     await fit_replicas(plan, route, body, request.size, protocol,
                        deps.config.telemetry.usage_estimate_encoding)
+    if (lowered := lowered_note(route)) is not None:  # sent without its output cap
+        rec.output_cap = lowered
+        lent.headers.append((b"x-speedgate-output-cap", lowered.replace(" ", "; ").encode()))
     plan.engine_priority = ticket.engine_priority
     rec.model, rec.asked_tier, rec.stream = treq.model_name, treq.tier, body.stream
     return Admitted(body, plan, lent)

@@ -272,6 +272,13 @@ class ModelConfig(_Strict):
         description="auto picks the fast pool while its mean in-flight per replica is below this",
     )
     auto: AutoConfig = AutoConfig()
+    output_cap_overflow: Literal["lower", "refuse"] = Field(
+        "lower",
+        description="an OpenAI-shaped request (chat, completions, Responses) whose prompt fits "
+        "but prompt + output cap does not: lower (sent without its cap, so the engine writes "
+        "up to its context; header x-speedgate-output-cap) or refuse (400 "
+        "context_length_exceeded naming the cap). The Messages API always refuses.",
+    )
 
     @model_validator(mode="after")
     def _check_tiers(self) -> ModelConfig:

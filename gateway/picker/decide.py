@@ -209,6 +209,8 @@ class Picker:
             out.append(("x-speedgate-tier", rec.served_tier))
         if rec.fallback:
             out.append(("x-speedgate-fallback", rec.fallback))
+        if rec.output_cap:  # sent without its output cap (plan.kv_fit)
+            out.append(("x-speedgate-output-cap", rec.output_cap.replace(" ", "; ")))
         if pick.lent.ticket is not None:
             out += [(k.decode(), v.decode()) for k, v in pick.lent.ticket.headers()]
         return out

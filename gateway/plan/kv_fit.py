@@ -5,15 +5,33 @@ from __future__ import annotations
 
 from typing import Any, Literal, Protocol
 
+import orjson
+
 from gateway.plan.chain import Plan
 from gateway.routing import RouteRequest
-from gateway.routing.fit import check_chain, largest_capacity, limits_known, smallest_capacity
+from gateway.routing.fit import (
+    capacity_tokens,
+    check_chain,
+    largest_capacity,
+    limits_known,
+    smallest_capacity,
+)
+from gateway.routing.overflow import ContextTooLong
 from gateway.telemetry.tokencount import PromptCount, count_prompt_upto_async
+
+#: the body fields of an output cap (chat, completions; Responses' own field)
+CAP_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 class ChatShaped(Protocol):
     """What fit reads of a parsed request body (``gateway.protocols.body.ParsedBody``): its
-    conversation in chat shape."""
+    conversation in chat shape; and what it rewrites when it drops the output cap: the
+    document (``doc``), its chat view (``view``, None when ``doc`` is chat-shaped) and the
+    bytes sent (``raw``)."""
+
+    raw: bytes
+    doc: dict[str, Any]
+    view: dict[str, Any] | None
 
     @property
     def conversation(self) -> dict[str, Any]: ...
@@ -32,6 +50,10 @@ class ClientApi(Protocol):
     def prompt_field(self) -> str: ...
     @property
     def output_field(self) -> str: ...
+    @property
+    def lowers_output_cap(self) -> bool: ...
+    @property
+    def name(self) -> str: ...
 
 
 async def fit_replicas(
@@ -50,7 +72,12 @@ async def fit_replicas(
     replica whose limits are known fits, whatever the exact count, and one whose limits are
     unknown takes any): a prompt that cannot fit costs about that many tokens' encoding, and
     the refusal names a lower bound (``estimate_tokens_upto``). ``encoding``: the tiktoken
-    encoding of the estimate."""
+    encoding of the estimate.
+
+    A prompt that fits where prompt + cap does not is sent without its cap instead of refused
+    when the API allows it (``lowers_output_cap``: chat, completions, Responses) and the model
+    says ``output_cap_overflow: lower`` (``_lower_cap``); the Messages API keeps its refusal,
+    which Claude Code answers by lowering ``max_tokens`` itself."""
     if not protocol.generates or not limits_known(plan.chain):
         return
     cap = output_cap(body.conversation)
@@ -64,10 +91,62 @@ async def fit_replicas(
     )
     route.tokens = counted.tokens
     first = plan.chain[0] if plan.chain else None
-    plan.chain = check_chain(plan.chain, route.tokens, protocol.prompt_field, cap,
-                             _output_param(protocol, body), at_least=counted.stopped)
+    try:
+        plan.chain = check_chain(plan.chain, route.tokens, protocol.prompt_field, cap,
+                                 _output_param(protocol, body), at_least=counted.stopped)
+    except ContextTooLong as e:
+        if not _may_lower(e, plan, protocol):
+            raise
+        plan.chain = check_chain(plan.chain, e.prompt_tokens + 1, protocol.prompt_field)
+        _lower_cap(plan, route, body, protocol, e)
     if plan.chain and plan.chain[0] is not first:
         plan.reason = "context-does-not-fit"
+
+
+def _may_lower(e: ContextTooLong, plan: Plan, protocol: ClientApi) -> bool:
+    """True when the overflow ``e`` is one of prompt + cap (the prompt leaves at least one
+    output token on the largest replica) that this API and model answer by lowering the cap."""
+    return (protocol.lowers_output_cap and e.output_tokens > 0
+            and e.prompt_tokens < e.limit
+            and plan.request.model.output_cap_overflow == "lower")
+
+
+def _lower_cap(
+    plan: Plan, route: RouteRequest, body: ChatShaped, protocol: ClientApi, e: ContextTooLong,
+) -> None:
+    """Send the request without its output cap, to the replicas its prompt fits (``plan.chain``
+    already narrowed to them): chat and Responses engines then write up to ``max_model_len`` −
+    the prompt counted with the model's own tokenizer (vLLM's default for an unset cap), so
+    the request counts as up to each replica's context (``route.fills_context``). Completions
+    get an explicit cap instead, the room the smallest of those replicas leaves by the
+    gateway's count: vLLM's completions default is 16 tokens (OpenAI's), not the room.
+    ``route.lowered_cap`` keeps the figures for the response header and the access log."""
+    prompt = e.prompt_tokens
+    route.lowered_cap = (e.output_tokens, prompt, e.limit)
+    room: int | None = None
+    if protocol.name == "completion":
+        sizes = [c for p in plan.chain for r in p.replicas if (c := capacity_tokens(r)) > prompt]
+        room = min(sizes, default=e.limit) - prompt
+        route.tokens, route.output_cap = prompt + room, room
+    else:
+        route.tokens, route.output_cap, route.fills_context = prompt + 1, 1, True
+    for doc in (body.doc, body.view):
+        for name in CAP_FIELDS:
+            if doc is not None:
+                doc.pop(name, None)
+    if room is not None:
+        body.doc["max_tokens"] = room
+    body.raw = orjson.dumps(body.doc)
+
+
+def lowered_note(route: RouteRequest) -> str | None:
+    """``lowered asked=B prompt=A max_model_len=C`` for a request sent with its output cap
+    lowered (the ``x-speedgate-output-cap`` header, with ``;`` between the parts, and the
+    access log's ``output_cap``), else None."""
+    if route.lowered_cap is None:
+        return None
+    asked, prompt, limit = route.lowered_cap
+    return f"lowered asked={asked} prompt={prompt} max_model_len={limit}"
 
 
 def _output_param(protocol: ClientApi, body: ChatShaped) -> str:

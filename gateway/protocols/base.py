@@ -231,6 +231,9 @@ class Protocol:
     #: ``max_tokens`` (chat's ``max_completion_tokens`` when the body sets that) |
     #: ``max_output_tokens``
     output_field: ClassVar[str] = "max_tokens"
+    #: True: a request whose prompt fits but prompt + output cap does not may be sent without
+    #: its cap (``plan.kv_fit``, ``output_cap_overflow: lower``); False: refused (Messages)
+    lowers_output_cap: ClassVar[bool] = False
     generates: ClassVar[bool] = True  # False: no output, no usage (token counting)
     default_tier_only: ClassVar[bool] = False  # True: tier hints ignored, default pool
     #: the stream keep-alive in this API's own form (an SSE comment, WHATWG "Server-sent

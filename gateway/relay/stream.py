@@ -11,7 +11,7 @@ usage on the client's behalf no relayed event carries it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,14 +88,57 @@ async def relay_events(
     """
     result = StreamResult()
     loop = asyncio.get_running_loop()
-    stall_s, total_s, deadline = limits.stall_s, limits.total_s, limits.deadline
+    framer = _Framer(codec, result, loop.time, itl, relayed, end_on_error)
+    stall_s, deadline = limits.stall_s, limits.deadline
+    when = min(loop.time() + stall_s, deadline)
+    try:
+        out: list[bytes] = []
+        done = framer.frame(head, out)
+        await _flush(send, out)
+        if done:
+            return _finish(result, codec)
+        # the stall window restarts at every read: a deadline that moves (no timer per read)
+        async with MovingDeadline(when) as cm:
+            async for batch in batches:
+                out = []
+                done = framer.frame(batch, out)
+                await _flush(send, out)
+                if done:
+                    return _finish(result, codec)
+                when = min(loop.time() + stall_s, deadline)
+                cm.extend(when)
+        result.error = UpstreamError("upstream stream ended before its last event")
+        result.reason = Failure.EOF
+    except (UpstreamBrokenError, UpstreamUnreadable, TimeoutError) as e:
+        # which limit was in force, not the clock: timers may fire a little early
+        result.error, result.reason = _broken(e, limits, total=when >= deadline)
+    result.error_event = codec.error_event(result.error)
+    if end_on_error:
+        await send({"type": "http.response.body", "body": result.error_event, "more_body": True})
+    return _finish(result, codec)
 
-    def frame(events: list[SSEEvent], out: list[bytes]) -> bool:
+
+@dataclass(slots=True)
+class _Framer:
+    """The client bytes of one stream's events: ``codec`` rewrites and classifies each,
+    ``result`` counts them and takes the end (its last event, or an engine error / malformed
+    event); ``now`` the loop's clock, ``itl``, ``relayed`` and ``end_on_error`` as in
+    ``relay_events``."""
+
+    codec: StreamCodec
+    result: StreamResult
+    now: Callable[[], float]
+    itl: GapTimer | None
+    relayed: list[bytes] | None
+    end_on_error: bool
+
+    def frame(self, events: list[SSEEvent], out: list[bytes]) -> bool:
         """Append the client bytes of ``events`` to ``out``; True once the stream is over:
         its last event seen (``result.ok``), or an engine error / malformed event
-        (``result.error``, its error event appended)."""
-        now = loop.time()
-        event = codec.event
+        (``result.error``, its error event appended unless the caller sends it)."""
+        result, relayed = self.result, self.relayed
+        now = self.now()
+        event = self.codec.event
         first = result.events
         try:
             for ev in events:
@@ -113,63 +156,52 @@ async def relay_events(
                     result.ok = True
                     return True
                 elif verdict == ERROR:
-                    result.error = codec.error
-                    result.reason = (Failure.CLIENT_ERROR if is_client_fault(codec.error) else
-                                     Failure.ENGINE_ERROR if json_object(ev.data)
-                                     else Failure.MALFORMED)
-                    result.error_event = data
-                    if end_on_error:
-                        out.append(data)
+                    self._engine_error(ev.data, data, out)
                     return True
                 out.append(data)
             return False
         finally:  # one tick for the batch's content events (one read: one arrival time)
-            if itl is not None and result.events > first:
-                itl.tick_many(now, result.events - first)
+            if self.itl is not None and result.events > first:
+                self.itl.tick_many(now, result.events - first)
 
-    async def flush(out: list[bytes]) -> None:
-        if out:
-            body = out[0] if len(out) == 1 else b"".join(out)
-            if body:  # nothing to write (an assembled answer's events): no send at all
-                await send({"type": "http.response.body", "body": body, "more_body": True})
+    def _engine_error(self, payload: bytes, data: bytes, out: list[bytes]) -> None:
+        """Record the codec's error of an ``ERROR`` event (``payload`` its data, ``data`` the
+        client's error event): a client fault, the engine's error, or a malformed event."""
+        result, error = self.result, self.codec.error
+        result.error = error
+        result.reason = (Failure.CLIENT_ERROR if is_client_fault(error) else
+                         Failure.ENGINE_ERROR if json_object(payload) else Failure.MALFORMED)
+        result.error_event = data
+        if self.end_on_error:
+            out.append(data)
 
-    when = min(loop.time() + stall_s, deadline)
-    try:
-        out: list[bytes] = []
-        done = frame(head, out)
-        await flush(out)
-        if done:
-            return _finish(result, codec)
-        # the stall window restarts at every read: a deadline that moves (no timer per read)
-        async with MovingDeadline(when) as cm:
-            async for batch in batches:
-                out = []
-                done = frame(batch, out)
-                await flush(out)
-                if done:
-                    return _finish(result, codec)
-                when = min(loop.time() + stall_s, deadline)
-                cm.extend(when)
-        result.error = UpstreamError("upstream stream ended before its last event")
-        result.reason = Failure.EOF
-    except UpstreamBrokenError as e:
-        result.error = UpstreamError(f"upstream connection broke mid-stream ({e})")
-        result.reason = Failure.BROKEN_STREAM
-    except UpstreamUnreadable as e:  # deterministic (e.g. an oversized event): not the replica
-        result.error = UnreadableResponse(f"engine response cannot be read mid-stream ({e})")
-        result.reason = Failure.UNREADABLE
-    except TimeoutError:
-        # which limit was in force, not the clock: timers may fire a little early
-        if when >= deadline:
-            result.error = UpstreamTimeout("total", total_s)
-            result.reason = Failure.TOTAL_TIMEOUT
-        else:
-            result.error = UpstreamTimeout("stall", stall_s)
-            result.reason = Failure.STALL_TIMEOUT
-    result.error_event = codec.error_event(result.error)
-    if end_on_error:
-        await send({"type": "http.response.body", "body": result.error_event, "more_body": True})
-    return _finish(result, codec)
+
+async def _flush(send: Any, out: list[bytes]) -> None:
+    """Write ``out`` as one body message (none when it holds no bytes: an assembled answer's
+    events)."""
+    if out:
+        body = out[0] if len(out) == 1 else b"".join(out)
+        if body:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
+
+def _broken(
+    e: UpstreamBrokenError | UpstreamUnreadable | TimeoutError, limits: StreamLimits, *,
+    total: bool,
+) -> tuple[GatewayError, Failure]:
+    """The error sent in-band and the ``Failure`` of a stream that broke with ``e``: the
+    connection broke, an event could not be read (deterministic, e.g. oversized: not the
+    replica's fault), or a timeout, the total one when ``total`` (its deadline was the limit
+    in force), else the stall one."""
+    if isinstance(e, UpstreamBrokenError):
+        return (UpstreamError(f"upstream connection broke mid-stream ({e})"),
+                Failure.BROKEN_STREAM)
+    if isinstance(e, UpstreamUnreadable):
+        return (UnreadableResponse(f"engine response cannot be read mid-stream ({e})"),
+                Failure.UNREADABLE)
+    if total:
+        return UpstreamTimeout("total", limits.total_s), Failure.TOTAL_TIMEOUT
+    return UpstreamTimeout("stall", limits.stall_s), Failure.STALL_TIMEOUT
 
 
 def _finish(result: StreamResult, codec: StreamCodec) -> StreamResult:

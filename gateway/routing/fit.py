@@ -18,7 +18,7 @@ from gateway.fleet.pools import Pool, Replica
 from gateway.routing.overflow import ContextTooLong
 
 __all__ = ["ContextTooLong", "capacity_tokens", "check_chain", "fits", "fitting",
-           "free_kv_tokens", "has_room", "limits_known", "smallest_capacity"]
+           "free_kv_tokens", "has_room", "limits_known", "smallest_capacity", "tokens_on"]
 
 
 def capacity_tokens(r: Replica) -> int:
@@ -37,6 +37,16 @@ def fits(r: Replica, tokens: int) -> bool:
     if r.kv_num_blocks and r.kv_block_size:
         return -(-tokens // r.kv_block_size) <= r.kv_num_blocks
     return True
+
+
+def tokens_on(r: Replica, tokens: int, fills_context: bool) -> int:
+    """The tokens a request of ``tokens`` (prompt + output cap) holds on ``r`` at most. A
+    request sent without its cap (``fills_context``) may write until the sequence reaches
+    ``r``'s ``max_model_len`` (vLLM's default output cap: ``max_model_len`` − the prompt), so
+    it counts as that there (as ``tokens`` while the limit is unknown)."""
+    if fills_context and r.max_model_len:
+        return max(tokens, r.max_model_len)
+    return tokens
 
 
 def free_kv_tokens(r: Replica, now: float, fresh_s: float = 3.0) -> int | None:

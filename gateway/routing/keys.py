@@ -142,6 +142,12 @@ class RouteRequest:
     lookups: dict[str, Any] = field(default_factory=dict)
     tokens: int = 0  # prompt estimate + output cap, for the fit filter (routing.fit); 0 = unknown
     output_cap: int = 0  # the output tokens it asks for at most (part of ``tokens``)
+    #: sent without its output cap (``plan.kv_fit``: prompt + cap fit no replica): on a
+    #: replica it may grow to that replica's ``max_model_len`` (``routing.fit.tokens_on``);
+    #: ``tokens`` is then the prompt + 1, ``output_cap`` 1
+    fills_context: bool = False
+    #: ``(asked cap, prompt tokens, largest context)`` when the cap was lowered, else None
+    lowered_cap: tuple[int, int, int] | None = None
     #: "stay" | "move" | "wait" (``routing.kv_placement``) and its figures, for the access log
     kv_placement: str | None = None
     kv_figures: str | None = None

@@ -120,7 +120,7 @@ class PoolRouter:
         loads = {r: replica_load(r, now) for r in cands}
         ctx = ScoreContext(lookup, len(blocks), hash_order(route.session_key, self.pool.replicas),
                            loads, min(len(blocks), route.lead_blocks(cfg.chunk_chars)),
-                           tokens=route.tokens, now=now)
+                           tokens=route.tokens, now=now, fills_context=route.fills_context)
         reason: str | None = None
         if uses_store and lookup is not None:
             choice, reason = await self._pick_session(
@@ -183,7 +183,7 @@ class PoolRouter:
         ctx.sessions = {r: counts.get(r.name, 0) for r in others}
         cool = [r for r in others if r not in hot] or others
         if route.kv_placement == "move" and leaving is not None:  # only where it fits
-            cool = [r for r in cool if has_room(r, ctx.tokens, now)] or cool
+            cool = [r for r in cool if has_room(r, ctx.need(r), now)] or cool
         bounded = [r for r in under_bound(others, ctx.sessions, cfg.bounded_load_c) if r in cool]
         bounded = bounded or cool
         choice = pick_best(bounded, weighted_scores(ctx, bounded, weights), self.rng)
@@ -198,8 +198,9 @@ class PoolRouter:
         choice on ``route`` and in ``placements``; True to move."""
         chunk = self.pool.config.routing.chunk_chars
         depth = ctx.lookup.depth if ctx.lookup is not None else {}
+        need = ctx.need(home)  # a request sent without its cap: up to home's context
         placement, _ = decide(
-            home, [r for r in cool if r is not home], ctx.tokens, route.output_cap,
+            home, [r for r in cool if r is not home], need, route.output_cap + need - ctx.tokens,
             lambda r: depth.get(r.name, 0) * chunk // CHARS_PER_TOKEN, self.pool.rates, ctx.now,
         )
         route.kv_placement, route.kv_figures = placement.choice, placement.figures()

@@ -80,7 +80,8 @@ def log_request(rec: RequestRecord) -> None:
         f"{rec.ttft_s:.4f}" if rec.ttft_s is not None else None,
         rec.e2e_s or 0.0,
         (f" kv_placement={rec.kv_placement}" if rec.kv_placement else "")
-        + (f" {rec.kv_figures}" if rec.kv_figures else ""),
+        + (f" {rec.kv_figures}" if rec.kv_figures else "")
+        + (f" output_cap={rec.output_cap.replace(' ', ',')}" if rec.output_cap else ""),
     )
 
 
@@ -106,6 +107,7 @@ def access_fields(rec: RequestRecord) -> dict[str, Any]:
         "fallback": rec.fallback,
         "kv_placement": rec.kv_placement,
         "kv_figures": rec.kv_figures,
+        "output_cap": rec.output_cap,
         "replica": rec.replica,
         "stream": asked_stream(rec),
         "attempts": rec.attempts,

@@ -74,6 +74,9 @@ class RequestRecord:
     # ``kv_figures`` the seconds weighed ("move_s=… wait_s=…"); None when not weighed
     kv_placement: str | None = None
     kv_figures: str | None = None
+    #: ``lowered asked=B prompt=A max_model_len=C`` when the request was sent without the
+    #: output cap it asked for (prompt + cap fit no replica; ``plan.kv_fit``), else None
+    output_cap: str | None = None
 
     def set_usage(self, usage: Any) -> None:
         """Record an OpenAI ``usage`` object (ignored when absent or malformed)."""

@@ -26,6 +26,7 @@ from gateway.errors import (
 from gateway.fleet.pools import Pool, Replica
 from gateway.plan.chain import Plan
 from gateway.routing import RouteRequest, pick_replica
+from gateway.routing.fit import tokens_on
 from gateway.routing.keys import affinity_id
 from gateway.telemetry.cost import cost_usd
 from gateway.telemetry.record import RequestRecord
@@ -200,11 +201,13 @@ class _Failover:
             retry_reason=str(self.reasons[-1]) if self.reasons else None,
         )
         route = plan.route
+        # a request sent without its output cap holds up to this replica's context
+        kv_tokens = tokens_on(replica, route.tokens, route.fills_context) if route else 0
         attempt = Attempt(
             pool=pool, replica=replica, payload=payload, protocol=ex.protocol,
             request_id=rec.request_id, stream=ex.body.upstream_stream, json_ok=ex.body.assemble,
-            kv_tokens=route.tokens if route is not None else 0,
-            output_cap=route.output_cap if route is not None else 0,
+            kv_tokens=kv_tokens,
+            output_cap=route.output_cap + kv_tokens - route.tokens if route is not None else 0,
             deadline=self.deadline, total_s=self.total_s, extra_headers=span.headers(),
             read_s=self.timeouts.read_s, read_deadline=self.read_deadline,
             heartbeat=self.heartbeat,

@@ -108,3 +108,52 @@ def test_past_the_context_limit_the_agent_ends(agent: str, agents: Agents, small
     assert 1 <= len(refusals) <= GROWTH_TURNS, refusals  # it went past the limit; no loop
     assert len(lines) <= 3 * GROWTH_TURNS, len(lines)
     assert compacted or stopped, (run.rc, said[-1000:])
+
+
+DEMO_32K = 32768  # below OpenCode's first prompt + the 32,000 output tokens it always asks
+TURNS_32K = 12  # 4,000 words a turn: the conversation passes 32,768 within the run
+
+
+@pytest.fixture(scope="module")
+def stack_32k(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The demo with replicas of ``DEMO_32K`` tokens, one per tier."""
+    s = demo_stack(tmp_path_factory.mktemp("d32k"), "--max-model-len", str(DEMO_32K),
+                   "--replicas", "1")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_opencode_on_a_32k_demo_is_served_with_its_cap_lowered(
+    agents: Agents, stack_32k: Stack, tmp_path: Path,
+) -> None:
+    """OpenCode asks ``max_tokens`` 32,000 on every request and answers a refusal of that cap
+    only by compacting, so refusing it loops (compact, refused, compact...). The gateway sends
+    such a request without its cap instead (``x-speedgate-output-cap: lowered``): its turns are
+    served, its conversation grows past the limit, the prompt-too-long refusal makes it
+    compact, and the run ends (compacted, or its answer) with bounded requests and refusals."""
+    scratch, home = tmp_path / "scratch", tmp_path / "home"
+    scratch.mkdir()
+    home.mkdir()
+    stack_32k.reset_sims()
+    tool, arg = SHELL["opencode"]
+    script = [{"tool": tool, "arguments": {arg: WORDS, "description": "Print words"}}] * TURNS_32K
+    set_replica_faults(stack_32k, {"script": [*script, {"text": "Done printing."}],
+                                   "script_text_when": COMPACTION["opencode"]})
+    since = len(access_lines(stack_32k))
+    run = run_opencode(agents.opencode, stack_32k, scratch, home,
+                       prompt="Print many words, again and again.")
+    lines = access_lines(stack_32k, since)
+    refusals = [e for e in lines if e["status"] != "200"]
+    lowered = [e for e in lines if str(e.get("output_cap") or "").startswith("lowered")]
+    compacted = _compaction_seen(stack_32k, COMPACTION["opencode"])
+    if os.environ.get("SPEEDGATE_AGENT_FIGURES"):
+        print(f"\nFIGURES overflow opencode-32k: requests={len(lines)} refusals={len(refusals)}"
+              f" lowered={len(lowered)} wall_s={run.wall_s:.2f} rc={run.rc} "
+              f"compacted={compacted} result={run.result[:80]!r} errors={run.errors}")
+    assert run.rc != 124, f"opencode did not end: {len(lines)} requests"
+    assert lowered, "no request was sent with its output cap lowered"
+    assert {e["outcome"] for e in refusals} <= {"context_length_exceeded"}, refusals
+    assert len(refusals) <= TURNS_32K and len(lines) <= 3 * TURNS_32K, (len(refusals), len(lines))
+    assert compacted or run.result, (run.rc, run.errors, run.stderr[-1000:])

@@ -31,10 +31,7 @@ DECLARATIVE: dict[str, str] = {
 
 #: Functions over the cap that another branch splits (``module:qualified name`` → owner and
 #: what replaces it). Temporary: emptied when those branches merge.
-BEING_SPLIT: dict[str, str] = {
-    "gateway.relay.stream:relay_events": "the relay loop: its producers' typed failures and the"
-    " event handling are being moved into steps of their own",
-}
+BEING_SPLIT: dict[str, str] = {}
 
 #: The gateway's packages (and top-level modules) bottom up, along the request path: each may
 #: import those on its own layer or below, never one above. Shared nouns sit under the steps:

@@ -44,6 +44,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s = Stack(
         tmp_path_factory.mktemp("console"),
         tier_overrides={t: {"prices": p} for t, p in PRICES.items()},
+        # a refusal for the console to count: prompt + a cap past every context
+        model_overrides={"output_cap_overflow": "refuse"},
         config_extra={
             "auth": {"keys": [{"id": "ops", "hash": ADMIN_HASH, "admin": True},
                               {"id": "app", "hash": APP_HASH}]},

@@ -32,7 +32,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sims = [_sim("standard", 1, SMALL), _sim("standard", 2, LARGE), _sim("speculative", 3, FAST)]
     s = Stack(tmp_path_factory.mktemp("kvfit"), replicas_per_tier=0,
               extra_endpoints={"standard": [sims[0].url, sims[1].url], "fast": [sims[2].url]},
-              pool_overrides={"routing": {"load_scrape_interval_s": 0.2}})
+              pool_overrides={"routing": {"load_scrape_interval_s": 0.2}},
+              # the refusals of prompt + cap: what `lower` (the default) does instead is
+              # tests/e2e/test_output_cap_lower.py
+              model_overrides={"output_cap_overflow": "refuse"})
     s.procs.extend(sim.proc for sim in sims)
     try:
         s.start()

@@ -89,6 +89,9 @@ class VllmStack:
         timeouts = {"connect_s": 5, "ttft_s": 60, "stall_s": 30, "total_s": 180}
         for pool in cfg["models"][MODEL]["tiers"].values():
             pool["timeouts"] = timeouts
+        # the contract tests read the refusal of prompt + cap beside the context (lowering the
+        # cap, the default, would have vLLM write ~2,000 tokens on CPU)
+        cfg["models"][MODEL]["output_cap_overflow"] = "refuse"
         ghost = {**cfg["models"][MODEL]["tiers"]["standard"], "served_model_name": GHOST}
         cfg["models"][GHOST] = {"tiers": {"standard": ghost}}
         # vLLM answers /health slowly while it computes on 2 busy cores

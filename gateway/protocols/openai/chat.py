@@ -176,6 +176,7 @@ class ChatProtocol(Protocol, Resumable, Assembling):
     """``POST /v1/chat/completions``."""
 
     name = "chat"
+    lowers_output_cap = True
     path = "/v1/chat/completions"
     operation = "chat"
     errors: ErrorShape = OPENAI_ERRORS

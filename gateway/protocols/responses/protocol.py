@@ -188,6 +188,7 @@ class ResponsesProtocol(Protocol, Resumable):
     """``POST /v1/responses`` and the state behind ``GET``/``DELETE``/``cancel``."""
 
     name = "responses"
+    lowers_output_cap = True
     prompt_field = "input"
     output_field = "max_output_tokens"
     path = "/v1/responses"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.fleet.pools import Replica
+from gateway.routing.fit import tokens_on
 from gateway.routing.store import Lookup
 
 
@@ -16,7 +17,8 @@ class ScoreContext:
     ``lead_blocks``: blocks of the shared preamble (system prompt) that prove no affinity;
     ``sessions``: active sessions per candidate (``session_ledger``) when a session is being bound,
     None for policies that keep no session state; ``tokens`` and ``now`` for the headroom
-    scorer."""
+    scorer; ``fills_context``: the request was sent without its output cap, so on a replica
+    it needs that replica's ``max_model_len`` (``need``)."""
 
     lookup: Lookup | None
     blocks: int
@@ -26,3 +28,8 @@ class ScoreContext:
     sessions: dict[Replica, int] | None = None
     tokens: int = 0  # the request's prompt + output cap (routing.fit); 0 = not counted
     now: float = 0.0  # monotonic s of the pick (freshness of scraped engine values)
+    fills_context: bool = False
+
+    def need(self, r: Replica) -> int:
+        """The tokens this request holds on ``r`` at most (``routing.fit.tokens_on``)."""
+        return tokens_on(r, self.tokens, self.fills_context)

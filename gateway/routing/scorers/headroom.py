@@ -20,11 +20,10 @@ from gateway.routing.scorers.base import ScoreContext
 
 def score_headroom(ctx: ScoreContext, candidates: Sequence[Replica]) -> list[float]:
     """Per candidate, in [0, 1]."""
-    need = ctx.tokens
-    if need <= 0:
+    if ctx.tokens <= 0:
         return [1.0] * len(candidates)
     out = []
     for r in candidates:
-        free = free_kv_tokens(r, ctx.now)
+        free, need = free_kv_tokens(r, ctx.now), ctx.need(r)
         out.append(1.0 if free is None or need <= free else 0.5 * free / need)
     return out

@@ -27,6 +27,7 @@ from tests.unit.picker.test_picker_grpc import (
     _destination,
     _headers,
     _process,
+    _response_headers,
 )
 
 KEY, DIGEST = new_key()
@@ -245,3 +246,23 @@ async def test_agent_session_header_gives_affinity(picker) -> None:
         seen.add(_destination(out[0])[0])
     assert sessions == {("cc-1", "claude-code")}
     assert len(seen) == 1
+
+
+async def test_picker_sends_a_cap_that_does_not_fit_lowered(picker) -> None:
+    """Picker mode lowers an output cap as the proxy does: the prompt fits a 4,096-token
+    replica, prompt + ``max_tokens`` 32,000 does not, so the body sent upstream has no
+    ``max_tokens`` and the client's response carries ``x-speedgate-output-cap``."""
+    server, stub = picker
+    for r in server.runtime.pools.replicas():
+        r.max_model_len = 4096
+    body = json.dumps({"model": "m", "max_tokens": 32_000,
+                       "messages": [{"role": "user", "content": "word " * 3000}]}).encode()
+    out = await _process(stub, [_authed(), _body(body), _response_headers(200, None)])
+    assert _destination(out[0])[0]
+    sent = json.loads(b"".join(r.request_body.response.body_mutation.streamed_response.body
+                               for r in out if r.HasField("request_body")))
+    assert sent["messages"] and "max_tokens" not in sent
+    headers = {h.header.key: h.header.raw_value.decode()
+               for h in out[-1].response_headers.response.header_mutation.set_headers}
+    assert headers["x-speedgate-output-cap"].startswith("lowered; asked=32000; prompt=")
+    assert headers["x-speedgate-output-cap"].endswith("; max_model_len=4096")
