@@ -11,6 +11,12 @@ ended (``explicit`` or ``idle``). An explicit end also drops its budget ledger (
 nothing else: a subagent's end leaves its parent's); an idle one keeps it, so waiting never
 resets a budget: it expires ``budgets.session_ttl_s`` after the last request.
 
+A turn still running when another turn of its session ends it (an agent's parallel tool calls)
+finishes after the end: its usage is counted, but it does not bring the session back (its
+usage marked ended again, its routing state released again, not swept later as idle). A turn
+that starts after the end resumes the session. Told apart by the request's start
+(``RequestRecord.t_start``, monotonic) against the end's time on ``clock``.
+
 ``SessionEnds`` remembers when each session (per API key, at most ``max_sessions``, least
 recently seen dropped first) was last seen and its routing key; ``sweep`` ends those idle
 (called on every finished request and every ``idle_s / 4`` by ``run``). With several gateway
@@ -71,6 +77,8 @@ class SessionEnds:
         self.clock = clock
         self.ended: dict[str, int] = {EXPLICIT: 0, IDLE: 0}
         self._seen: OrderedDict[tuple[str | None, str], _Seen] = OrderedDict()
+        # explicitly ended sessions → when (clock s): a turn started before stays ended
+        self._ended_at: OrderedDict[tuple[str | None, str], float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -82,10 +90,18 @@ class SessionEnds:
         try:
             if rec.session_id is not None:
                 k = (rec.key_id, rec.session_id)
+                ended_at = self._ended_at.get(k)
+                started = getattr(rec, "t_start", None)
                 if rec.session_end:
                     self._seen.pop(k, None)
                     await self.end(rec.key_id, rec.session_id, route_key, EXPLICIT)
+                elif (ended_at is not None and started is not None
+                      and started <= ended_at):  # in flight at its end: it stays ended
+                    await self._release(rec.key_id, rec.session_id, route_key, EXPLICIT)
+                    if self.on_end is not None:  # the console marks it ended again
+                        self.on_end(rec.key_id, rec.session_id, EXPLICIT)
                 else:
+                    self._ended_at.pop(k, None)
                     self._seen[k] = _Seen(self.clock(), route_key)
                     self._seen.move_to_end(k)
                     while len(self._seen) > self.max_sessions:
@@ -113,21 +129,31 @@ class SessionEnds:
         ``route_key`` (when it was routed), its budget ledger (explicit only), mark its usage
         totals, tell ``on_end``."""
         self._seen.pop((key_id, session_id), None)
+        if how == EXPLICIT:
+            self._ended_at[(key_id, session_id)] = self.clock()
+            self._ended_at.move_to_end((key_id, session_id))
+            while len(self._ended_at) > self.max_sessions:
+                self._ended_at.popitem(last=False)
+        await self._release(key_id, session_id, route_key, how)
+        if how == EXPLICIT:
+            try:
+                await self.budgets.release(key_id, session_id)
+            except Exception as e:  # Redis down: the ledger expires with its TTL
+                log.warning("budget ledger of an ended session not released: %r", e)
+        self.ended[how] = self.ended.get(how, 0) + 1
+        if self.on_end is not None:
+            self.on_end(key_id, session_id, how)
+
+    async def _release(self, key_id: str | None, session_id: str, route_key: str | None,
+                       how: str) -> None:
+        """Release the routing state under ``route_key`` and mark the usage totals ended."""
         if route_key is not None:
             for pool in self.pools.all():
                 if pool.router is not None:
                     await pool.router.forget(route_key, shared=how == EXPLICIT)
             for table in self.auto_tables:
                 table.delete(route_key)
-        if how == EXPLICIT:
-            try:
-                await self.budgets.release(key_id, session_id)
-            except Exception as e:  # Redis down: the ledger expires with its TTL
-                log.warning("budget ledger of an ended session not released: %r", e)
         await self.usage.end(key_id, session_id, how)
-        self.ended[how] = self.ended.get(how, 0) + 1
-        if self.on_end is not None:
-            self.on_end(key_id, session_id, how)
 
     async def run(self) -> None:
         """Sweep every ``idle_s / 4`` seconds until cancelled (the app's lifespan)."""
