@@ -304,3 +304,38 @@ def test_a_request_in_flight_at_an_explicit_end_does_not_bring_the_session_back(
         assert len(ends) == 1
 
     asyncio.run(main())
+
+
+def test_a_session_with_a_request_in_flight_is_not_idle():
+    """A turn that runs longer than the idle window (a long generation) keeps its session:
+    sweeps while it runs end nothing (before: the session was ended ``idle`` with its request
+    still streaming, its routing state released); once it is done the idle clock starts."""
+    from gateway.admit.session_end import SessionEnds
+    from gateway.telemetry.usage_store import MemoryUsageStore
+
+    class Rec:
+        def __init__(self, sid: str, t_start: float) -> None:
+            self.session_id, self.key_id, self.request_id = sid, "k", "r"
+            self.session_end, self.t_start = False, t_start
+
+    class Pools:
+        def all(self):
+            return []
+
+    async def main() -> None:
+        clock, usage = Clock(), MemoryUsageStore()
+        ends = SessionEnds(Pools(), None, usage, idle_s=10.0, clock=clock)
+        await ends.observe(Rec("s", clock.t), None)  # a first turn
+        running = ends.begin("k", "s")  # the next one, admitted
+        for _ in range(5):
+            clock.t += 30
+            assert await ends.sweep() == 0  # still streaming: not idle
+        await ends.observe(Rec("s", clock.t), None, running)
+        ends.done(running)  # given back once: a second call changes nothing
+        clock.t += 5
+        assert await ends.sweep() == 0
+        clock.t += 10
+        assert await ends.sweep() == 1 and ends.ended["idle"] == 1
+        assert ends.begin("k", None) is None
+
+    asyncio.run(main())
