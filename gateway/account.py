@@ -85,7 +85,7 @@ cost, also of a request that was never answered. Whether the response had starte
                                   parent=rec.parent_session_id)
         except (Exception, asyncio.CancelledError):
             log.exception("usage totals not updated for request %s", rec.request_id)
-    await state.sessions.observe(rec, route_key(ex))
+    await state.sessions.observe(rec, route_key(ex), ex.session_running)
 
 
 def route_key(ex: Exchange) -> str | None:

@@ -68,6 +68,7 @@ class ApiRoute:
             # 1-2. admit and plan: the key before the body is read, then the body, limits,
             # band and session budget, the plan restricted to the key's tiers (the picker's too)
             await self._admit(ex, scope, receive, request, lent)
+            ex.session_running = self.state.sessions.begin(ex.rec.key_id, ex.rec.session_id)
             final: dict[str, Any] | None = None
             async with DisconnectWatch(receive, scope), self.protocol.running(ex.body,
                                                                               ex.rec) as run:
@@ -170,6 +171,7 @@ class ApiRoute:
         try:
             await account(self.state, ex)
         finally:
+            self.state.sessions.done(ex.session_running)  # when accounting did not
             await lent.release(ex.rec)
 
     async def _cut_by_shutdown(self, ex: Exchange) -> None:

@@ -36,6 +36,13 @@ log = logging.getLogger("speedgate.budget")
 
 HEADER = "x-speedgate-session-budget-usd"
 REMAINING_HEADER = "x-speedgate-session-budget-remaining-usd"
+#: Most ledgers one request is charged to: its session and its ancestors, the parent links
+#: learned from earlier requests followed this far up (a deeper tree is still bounded by
+#: its root's ledger, which a subagent's agent names on every request where it can).
+MAX_ANCESTRY = 8
+#: Parent links remembered (sessions), least recently used dropped first: as many as the
+#: memory ledger keeps sessions.
+MAX_PARENT_LINKS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +249,31 @@ class SessionBudgets:
         self.refusals: dict[str, int] = {}  # model → requests refused for their budget
         self.soft: dict[str, int] = {}  # model → requests admitted past the soft share
         self._settles: set[asyncio.Task[None]] = set()
+        # ledger id → its parent's ledger id, as the session's requests named it (LRU,
+        # bounded like the memory ledgers): a subagent's subagent is charged up the whole tree
+        self._parents: OrderedDict[str, str] = OrderedDict()
+
+    def _chain(self, scope: str | None, session_id: str, ancestors: Sequence[str]) -> list[str]:
+        """The ledgers a request is charged to: its session's, its named parent's, then each
+        parent's parent as learned from that parent's own requests (a client that names only
+        the direct parent, as OpenCode's ``x-parent-session-id`` does, would otherwise let a
+        grandchild spend past the grandparent's budget), at most ``MAX_ANCESTRY`` and each
+        once (a cycle of parents stops where a session comes back), then the other named
+        ancestors (the tree's root)."""
+        lids = [ledger_id(scope, session_id)]
+        named = [ledger_id(scope, a) for a in ancestors]
+        if not named:
+            return lids
+        self._parents[lids[0]] = named[0]
+        self._parents.move_to_end(lids[0])
+        if len(self._parents) > MAX_PARENT_LINKS:
+            self._parents.popitem(last=False)
+        cur: str | None = named[0]
+        while cur is not None and cur not in lids and len(lids) < MAX_ANCESTRY:
+            lids.append(cur)
+            cur = self._parents.get(cur)
+        lids += [lid for lid in named if lid not in lids]
+        return lids
 
     def budget_for(self, key: ApiKeyConfig | None, header: str | None) -> float | None:
         """The budget (USD) of a request: the header capped by the key's maximum (the key's
@@ -274,14 +306,15 @@ class SessionBudgets:
     ) -> BudgetHold | None:
         """Check and reserve the session's budget for one request (None: no session or no
         budget). A subagent's request is charged to its ``ancestors``' ledgers too (its
-        parent's and root's sessions, each under the same budget): admitted only when every
-        one of them has room, reported with the least remaining. Raises ``BudgetExceeded``
+        parent's and root's sessions, and the parent's own ancestors as its requests named
+        them, ``_chain``; each under the same budget): admitted only when every one of them
+        has room, reported with the least remaining. Raises ``BudgetExceeded``
         (429), ``BudgetUnavailable`` (503, fail closed)."""
         budget = self.budget_for(key, header)
         if session_id is None or budget is None:
             return None
         scope = key.id if key is not None else None
-        lids = [ledger_id(scope, s) for s in (session_id, *ancestors)]
+        lids = self._chain(scope, session_id, ancestors)
         hid = hold_id(request_id)
         taken: list[str] = []
         least: Verdict | None = None

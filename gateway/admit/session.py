@@ -154,7 +154,7 @@ def _codex_parent(first: Mapping[bytes, str]) -> str | None:
         return None
     try:
         meta = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return None
     value = meta.get("parent_thread_id") if isinstance(meta, dict) else None
     return value if isinstance(value, str) and value else None

@@ -71,3 +71,29 @@ def config_context(cfg: dict[str, Any]) -> int | None:
         raise PlanError(f"model config max_position_embeddings {v!r} is not a positive "
                         f"integer of at most {MAX_CONTEXT}")
     return v
+
+
+#: RoPE scaling types whose factor vLLM does not apply to the model's context length.
+UNSCALED_ROPE = ("su", "longrope", "llama3")
+
+
+def derived_context(cfg: dict[str, Any]) -> int | None:
+    """The longest ``max_model_len`` vLLM starts the model with (without
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``), as vLLM derives it (``_get_and_verify_max_len``):
+    ``max_position_embeddings`` times ``rope_scaling``'s ``factor`` (for ``yarn``, its
+    ``original_max_position_embeddings`` times the factor; ``su``, ``longrope`` and ``llama3``
+    unscaled). None when the config has no ``max_position_embeddings``."""
+    base = config_context(cfg)
+    rope = cfg.get("rope_scaling")
+    if base is None or not isinstance(rope, dict):
+        return base
+    kind = rope.get("rope_type", rope.get("type"))
+    factor = rope.get("factor", 1.0)
+    if (kind in UNSCALED_ROPE or isinstance(factor, bool)
+            or not isinstance(factor, int | float) or factor <= 0):
+        return base
+    original = rope.get("original_max_position_embeddings")
+    if kind == "yarn" and isinstance(original, int) and not isinstance(original, bool) \
+            and original > 0:
+        base = original
+    return int(base * factor)

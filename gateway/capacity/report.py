@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from gateway.capacity.checks import check_layout, config_context
+from gateway.capacity.checks import check_layout, config_context, derived_context
 from gateway.capacity.footprint import FootprintError, KvFootprint, kv_footprint, load_model_config
 from gateway.capacity.planner import (
     CONTEXTS,
@@ -109,6 +109,11 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
     max_len_name = ("--max-model-len" if args.max_model_len else
                     "the model's max_position_embeddings" if config_context(cfg) else
                     "the default max_model_len (the config has no max_position_embeddings)")
+    longest = derived_context(cfg)
+    too_long = (f"--max-model-len {args.max_model_len:,} is above the model's longest context "
+                f"{longest:,} (max_position_embeddings, with any rope_scaling factor): vLLM "
+                f"does not start with it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+                if args.max_model_len and longest and args.max_model_len > longest else None)
     spec = ReplicaSpec(
         gpu_memory_gib=args.gpu_memory_gib, tp=args.tp, pp=args.pp,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -148,8 +153,8 @@ def build_report(args: argparse.Namespace) -> dict[str, Any]:
             "block_size": cap.block_size, "num_blocks": cap.num_blocks,
             "kv_tokens": cap.kv_tokens, "max_model_len": cap.max_model_len,
             "max_concurrency": round(cap.max_concurrency, 2),
-            "starts": cap.fits_max_model_len,
-            "starts_reason": why_no_fit(tfp, cap, cap.max_model_len, max_len_name),
+            "starts": cap.fits_max_model_len and too_long is None,
+            "starts_reason": too_long or why_no_fit(tfp, cap, cap.max_model_len, max_len_name),
             "sessions": {str(n): sessions_per_replica(tfp, cap, n) for n in CONTEXTS},
             "sessions_reasons": {str(n): r for n in CONTEXTS
                                  if (r := why_no_fit(tfp, cap, n, max_len_name)) is not None},

@@ -89,18 +89,24 @@ INFLATION_FLOOR = 1024 * 1024
 class _Budget:
     """Decoded bytes left before the limit or the inflation bound (``MAX_INFLATION`` times
     the compressed bytes fed so far, ``INFLATION_FLOOR`` at least); ``take`` refuses past
-    either with ``BodyTooLarge`` (413)."""
+    either with ``BodyTooLarge`` (413). ``ceiling``: a stacked coding's stage is bounded by
+    the whole chain's allowance too (the bytes received, not its own input), so no stage
+    decodes more than the body may."""
 
-    __slots__ = ("fed_bytes", "left", "limit", "produced")
+    __slots__ = ("allowed", "ceiling", "fed_bytes", "left", "limit", "produced")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, ceiling: _Budget | None = None) -> None:
         self.limit, self.left, self.produced, self.fed_bytes = limit, 0, 0, 0
+        self.allowed, self.ceiling = 0, ceiling
         self.fed(0)
 
     def fed(self, n: int) -> None:
         """``n`` more compressed bytes arrived: the allowance grows with them."""
         self.fed_bytes += n
         allowed = min(self.limit, max(INFLATION_FLOOR, MAX_INFLATION * self.fed_bytes))
+        if self.ceiling is not None:
+            allowed = min(allowed, self.ceiling.allowed)
+        self.allowed = allowed
         self.left = allowed - self.produced
 
     def take(self, out: bytes) -> bytes:
@@ -109,9 +115,10 @@ class _Budget:
         if self.left < 0:
             if self.produced > self.limit:
                 raise _too_large(self.limit)
+            fed = self.ceiling.fed_bytes if self.ceiling is not None else self.fed_bytes
             raise BodyTooLarge(
                 f"request body inflates more than {MAX_INFLATION}:1 when decoded "
-                f"({self.fed_bytes} compressed bytes gave over {self.produced})")
+                f"({fed} compressed bytes gave over {self.produced})")
         return out
 
 
@@ -119,8 +126,8 @@ class ZlibDecoder:
     """``gzip`` (every member, RFC 1952 §2.2) or ``deflate`` (zlib or raw, told by the first
     two bytes: RFC 1950 §2.2)."""
 
-    def __init__(self, coding: str, limit: int) -> None:
-        self.coding, self.budget = coding, _Budget(limit)
+    def __init__(self, coding: str, limit: int, ceiling: _Budget | None = None) -> None:
+        self.coding, self.budget = coding, _Budget(limit, ceiling)
         self.obj: zlib._Decompress | None = None
         self.head = b""
 
@@ -170,8 +177,8 @@ class ZlibDecoder:
 class BrotliDecoder:
     """``br`` with Brotli's own output bound (``output_buffer_limit``, brotli ≥ 1.1)."""
 
-    def __init__(self, limit: int) -> None:
-        self.obj, self.budget = brotli.Decompressor(), _Budget(limit)
+    def __init__(self, limit: int, ceiling: _Budget | None = None) -> None:
+        self.obj, self.budget = brotli.Decompressor(), _Budget(limit, ceiling)
 
     def feed(self, data: bytes) -> bytes:
         self.budget.fed(len(data))
@@ -205,8 +212,8 @@ class ZstdDecoder:
     (``ZSTD_MAX_RATIO``) cannot emit more than the bytes left (64 bytes at least: then at most
     2 MiB past the bound before the refusal)."""
 
-    def __init__(self, limit: int) -> None:
-        self.budget = _Budget(limit)
+    def __init__(self, limit: int, ceiling: _Budget | None = None) -> None:
+        self.budget = _Budget(limit, ceiling)
         self.obj = zstandard.ZstdDecompressor().decompressobj()
         self.fed = False
 
@@ -245,22 +252,25 @@ def coding_list(content_encoding: str | Iterable[str] | None) -> list[str]:
     return [c for c in codings if c and c != "identity"]
 
 
-def _single(coding: str, limit: int) -> BodyDecoder:
+def _single(coding: str, limit: int, ceiling: _Budget | None = None) -> BodyDecoder:
     if coding == "br":
-        return BrotliDecoder(limit)
+        return BrotliDecoder(limit, ceiling)
     if coding == "zstd":
-        return ZstdDecoder(limit)
-    return ZlibDecoder("gzip" if coding == "x-gzip" else coding, limit)
+        return ZstdDecoder(limit, ceiling)
+    return ZlibDecoder("gzip" if coding == "x-gzip" else coding, limit, ceiling)
 
 
 class ChainDecoder:
-    """Stacked codings: ``decoders`` from the last coding applied (the outermost, decoded
-    first) to the first. Each stage is bounded by ``limit`` as a single coding is; the chain's
-    own budget holds the body decoded to ``MAX_INFLATION`` times the bytes received, so a
-    bomb nested in several codings is refused like one in a single coding."""
+    """Stacked codings (``codings``, in the order applied; decoded from the last, the
+    outermost). Each stage is bounded by ``limit`` as a single coding is and, through its
+    budget's ceiling, by the chain's own allowance: ``MAX_INFLATION`` times the bytes
+    received, so a bomb nested in several codings is refused like one in a single coding and
+    no stage decodes more in between (a 272-byte ``gzip, gzip`` body decoded 8 MiB in its
+    middle stage, ~8 ms, inline, before the chain refused it)."""
 
-    def __init__(self, decoders: list[BodyDecoder], limit: int) -> None:
-        self.decoders, self.budget = decoders, _Budget(limit)
+    def __init__(self, codings: list[str], limit: int) -> None:
+        self.budget = _Budget(limit)
+        self.decoders = [_single(c, limit, self.budget) for c in reversed(codings)]
 
     def feed(self, data: bytes) -> bytes:
         """Decoded bytes of the next received chunk ``data``, through every stage."""
@@ -292,7 +302,7 @@ def body_decoder(content_encoding: str | Iterable[str] | None, limit: int) -> Bo
             f"(at most {MAX_CODINGS} stacked), or none", param="content-encoding")
     if len(codings) == 1:
         return _single(codings[0], limit)
-    return ChainDecoder([_single(c, limit) for c in reversed(codings)], limit)
+    return ChainDecoder(codings, limit)
 
 
 async def decode_chunk(decoder: BodyDecoder, chunk: bytes) -> bytes:

@@ -100,12 +100,19 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
             raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except OSError as e:
             raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}: "
+                              f"{e.reason})") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping")
+        odd = [k for k in raw if not isinstance(k, str)]
+        if odd:  # YAML keys such as 1, 1.5 or null: not the name of any section
+            raise ConfigError(f"config file {path}: top-level keys must be section names, "
+                              f"not {odd[0]!r}")
         data = raw
     data.update(overrides)
     try:

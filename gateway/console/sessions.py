@@ -199,35 +199,58 @@ _RANKINGS = {
 }
 
 
+#: Levels of subagents listed below a tree's top session (deeper ones still count in
+#: ``total``): as ``/v1/usage``'s tree (``gateway.telemetry.usage_tree.MAX_DEPTH``).
+MAX_TREE_DEPTH = 4
+
+
 def session_trees(
     sessions: list[SessionStats], n: int, now: float, wall_now: float,
     half_life_s: float = HALF_LIFE_S,
 ) -> list[dict[str, Any]]:
     """The ``n`` most expensive sessions of ``sessions`` that have subagents among them, each a
     row (``SessionStats.to_dict``) with ``children`` (its subagents' rows, theirs nested the
-    same way) and ``total`` (turns, tokens and cost rolled up over the subtree)."""
+    same way, ``MAX_TREE_DEPTH`` levels) and ``total`` (turns, tokens and cost rolled up over
+    the whole subtree). Linear in ``sessions`` and iterative: a client's chain of thousands of
+    sessions, each naming the one before as its parent, neither recurses nor rescans."""
     by_parent: dict[tuple[str | None, str], list[SessionStats]] = {}
     for s in sessions:
         if s.parent is not None:
             by_parent.setdefault((s.key_id, s.parent), []).append(s)
-
-    def node(s: SessionStats, seen: set[str]) -> dict[str, Any]:
-        seen.add(s.session_id)
-        row = s.to_dict(now, wall_now, half_life_s)
-        kids = [node(c, seen) for c in by_parent.get((s.key_id, s.session_id), [])
-                if c.session_id not in seen]
-        total = {k: row[k] + sum(c["total"][k] for c in kids)
-                 for k in ("turns", "prompt_tokens", "completion_tokens", "cost_usd")}
-        total["cost_usd"] = round(total["cost_usd"], 9)
-        row["children"], row["total"] = kids, total
-        return row
-
+    known = {(s.key_id, s.session_id) for s in sessions}
     roots = [s for s in sessions if (s.key_id, s.session_id) in by_parent
-             and (s.parent is None or (s.key_id, s.parent) not in
-                  {(x.key_id, x.session_id) for x in sessions})]
-    trees = [node(s, set()) for s in roots]
+             and (s.parent is None or (s.key_id, s.parent) not in known)]
+    trees = [_tree(s, by_parent, now, wall_now, half_life_s) for s in roots]
     trees.sort(key=lambda t: t["total"]["cost_usd"], reverse=True)
     return trees[:n]
+
+
+def _tree(
+    root: SessionStats, by_parent: dict[tuple[str | None, str], list[SessionStats]],
+    now: float, wall_now: float, half_life_s: float,
+) -> dict[str, Any]:
+    """``root``'s row with its subtree (``session_trees``): visited depth first without
+    recursion, each session once, rows built children first."""
+    seen = {root.session_id}
+    order: list[tuple[SessionStats, int, list[SessionStats]]] = []
+    stack = [(root, 0)]
+    while stack:
+        s, depth = stack.pop()
+        kids = [c for c in by_parent.get((s.key_id, s.session_id), []) if c.session_id not in seen]
+        seen.update(c.session_id for c in kids)
+        order.append((s, depth, kids))
+        stack.extend((c, depth + 1) for c in reversed(kids))
+    rows: dict[int, dict[str, Any]] = {}
+    for s, depth, kids in reversed(order):  # every child before its parent
+        row = s.to_dict(now, wall_now, half_life_s)
+        subs = [rows.pop(id(c)) for c in kids]
+        total = {k: row[k] + sum(c["total"][k] for c in subs)
+                 for k in ("turns", "prompt_tokens", "completion_tokens", "cost_usd")}
+        total["cost_usd"] = round(total["cost_usd"], 9)
+        row["children"] = subs if depth < MAX_TREE_DEPTH else []
+        row["total"] = total
+        rows[id(s)] = row
+    return rows[id(root)]
 
 
 def recently_ended(sessions: list[SessionStats], n: int, now: float, wall_now: float,

@@ -71,8 +71,9 @@ async def fit_replicas(
     Otherwise the count stops as soon as it passes the largest known capacity (past it no
     replica whose limits are known fits, whatever the exact count, and one whose limits are
     unknown takes any): a prompt that cannot fit costs about that many tokens' encoding, and
-    the refusal names a lower bound (``estimate_tokens_upto``). ``encoding``: the tiktoken
-    encoding of the estimate.
+    the refusal names a lower bound (``estimate_tokens_upto``). A completions batch is
+    counted per prompt and fits by its longest (``batch_sequences``). ``encoding``: the
+    tiktoken encoding of the estimate.
 
     A prompt that fits where prompt + cap does not is sent without its cap instead of refused
     when the API allows it (``lowers_output_cap``: chat, completions, Responses) and the model
@@ -85,10 +86,14 @@ async def fit_replicas(
     if raw_size + cap <= smallest_capacity(plan.chain):
         route.tokens = raw_size // 4 + cap
         return
-    counted = await estimate_tokens_upto(
-        body.conversation, protocol.count_kind,  # type: ignore[arg-type]
-        raw_size, encoding, largest_capacity(plan.chain),
-    )
+    largest = largest_capacity(plan.chain)
+    docs = batch_sequences(body.conversation, protocol.count_kind) or [body.conversation]
+    counted = PromptCount(0, False)
+    for doc in docs:  # a batch fits when its longest sequence does
+        got = await estimate_tokens_upto(doc, protocol.count_kind,  # type: ignore[arg-type]
+                                         raw_size, encoding, largest)
+        if got.tokens > counted.tokens:
+            counted = got
     route.tokens = counted.tokens
     first = plan.chain[0] if plan.chain else None
     try:
@@ -147,6 +152,18 @@ def lowered_note(route: RouteRequest) -> str | None:
         return None
     asked, prompt, limit = route.lowered_cap
     return f"lowered asked={asked} prompt={prompt} max_model_len={limit}"
+
+
+def batch_sequences(doc: dict[str, Any], kind: str) -> list[dict[str, Any]] | None:
+    """A ``/v1/completions`` batch (``prompt`` a list of two or more strings or token-id
+    lists: each is a sequence of its own, generated and limited by ``max_model_len`` apart) as
+    one document per prompt; None for a single prompt or another API. Its prompts' tokens add
+    up for usage and rate limits, but fit is per sequence."""
+    prompt = doc.get("prompt") if kind == "completion" else None
+    if (not isinstance(prompt, list) or len(prompt) < 2
+            or not all(isinstance(p, str | list) for p in prompt)):
+        return None
+    return [{**doc, "prompt": p} for p in prompt]
 
 
 def _output_param(protocol: ClientApi, body: ChatShaped) -> str:

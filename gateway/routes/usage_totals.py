@@ -9,7 +9,12 @@ totals rolled up over its subagents' sessions, ``own`` its own, ``children`` eac
 
 Any key reads its own key's totals and its own sessions; another key's session is a 404 like
 an unknown one (a plain key never learns which ids another key uses), another key's totals a
-403 ``admin_required``. An admin key reads any (audited)."""
+403 ``admin_required``. An admin key reads any (audited).
+
+A session id is read from its header as latin-1 (HTTP's field bytes); the query's
+``session_id`` is text, percent-decoded as UTF-8, so it is looked up by its UTF-8 bytes read as
+latin-1 (``header_text``): a session named ``x-session-id: sess-é`` is
+``?session_id=sess-%C3%A9``."""
 
 from __future__ import annotations
 
@@ -28,6 +33,12 @@ from gateway.routes.json_answers import error_response, json_response
 from gateway.state import GatewayState
 from gateway.telemetry.usage_store import UsageStoreUnavailable
 from gateway.telemetry.usage_tree import session_tree
+
+
+def header_text(value: str) -> str:
+    """A query value as the same bytes sent in a header read: its UTF-8 bytes as latin-1
+    (ASCII unchanged)."""
+    return value.encode("utf-8", "surrogatepass").decode("latin-1")
 
 
 def session_not_found(session_id: str) -> GatewayError:
@@ -83,15 +94,15 @@ def add_usage_route(app: FastAPI, state: GatewayState, gate: Gate) -> None:
                 totals = await store.get_key(key_id or "")
                 return json_response(200, {"object": "usage", "key_id": key_id,
                                            **totals.to_dict()})
-            tree = await session_tree(store, owner, session_id)
+            tree = await session_tree(store, owner, header_text(session_id))
         except UsageStoreUnavailable:
             return error_response(GatewayError("usage store unavailable", status=503,
                                                code="state_unavailable", retry_after_s=5))
         if tree is None:
             return error_response(session_not_found(session_id))
-        doc: dict[str, Any] = {"object": "usage", **tree}
+        doc: dict[str, Any] = {"object": "usage", **tree, "session_id": session_id}
         try:  # its budget under the same owner as its totals
-            doc["budget"] = await state.admission.budgets.read(owner, session_id)
+            doc["budget"] = await state.admission.budgets.read(owner, header_text(session_id))
         except Exception:  # the budget store is down: the totals still answer
             doc["budget"] = None
         return json_response(200, doc)

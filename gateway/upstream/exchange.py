@@ -57,6 +57,9 @@ class Exchange:
     codecs: list[StreamCodec] = field(default_factory=list)
     response_doc: dict[str, Any] | None = None
     started: bool = False
+    #: the session's in-flight mark once admitted (``SessionEnds.begin``), given back by
+    #: accounting
+    session_running: Any = None
 
     @property
     def body(self) -> ParsedBody:

@@ -85,6 +85,22 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(_write(tmp_path, "models: [\n"))
 
 
+@pytest.mark.parametrize("text", [b"\xff\xfe\x00models: {}", b"1: 2\n", b"null: x\n",
+                                  b"models: {}\n1.5: x\n"])
+def test_a_file_that_is_not_utf8_or_has_odd_keys_is_a_config_error(tmp_path, capsys, text):
+    """``check-config`` on a UTF-16 file or one whose top-level keys are not names (YAML's
+    ``1``, ``null``, ``1.5``) reports the problem; both raised a traceback before
+    (UnicodeDecodeError; TypeError: keywords must be strings)."""
+    from gateway.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError, match=r"not UTF-8 text|section names"):
+        load_config(path)
+    assert main(["check-config", str(path)]) != 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
 WORKERS = GOOD + """
 server: {workers: 3}
 auth:

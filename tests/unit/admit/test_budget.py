@@ -236,3 +236,40 @@ async def test_a_subagents_spend_is_charged_to_its_parent_in_redis():
         ledger = make()
         await _subagent_spend(SessionBudgets(load_config(models=MODELS), ledger))
         assert not await ledger.client.exists(*ledger.keys("k/main"))
+
+
+async def _grandchild_spend(b: SessionBudgets) -> None:
+    """OpenCode names only the direct parent (``x-parent-session-id``): A starts B, B starts
+    C. C's requests are charged to A too (B's link to A learned from B's own request), so
+    the tree stays within A's $1: before, C spent on past A's budget while A's ledger had
+    room (A charged $0.6 of a $1.4 tree)."""
+    key = ApiKeyConfig(id="k", hash=HASH, session_budget_usd=1)
+    h = await b.reserve(key, "A", None, "m", 0.2, "r1")
+    await b.settle(h, 0.2)
+    h = await b.reserve(key, "B", None, "m", 0.2, "r2", ancestors=["A"])
+    await b.settle(h, 0.2)
+    spent = 0.4
+    for i in range(5):
+        try:
+            h = await b.reserve(key, "C", None, "m", 0.2, f"c{i}", ancestors=["B"])
+        except BudgetExceeded:
+            break
+        assert h is not None and h.also == ("k/B", "k/A")
+        await b.settle(h, 0.2)
+        spent += 0.2
+    assert spent == pytest.approx(1.0)
+    assert (await b.read("k", "A"))["spent_usd"] == pytest.approx(1.0)
+    # a cycle of named parents charges each ledger once and ends
+    h = await b.reserve(key, "X", None, "m", 0.1, "x1", ancestors=["Y"])
+    h2 = await b.reserve(key, "Y", None, "m", 0.1, "y1", ancestors=["X"])
+    assert h is not None and h2 is not None and h2.also == ("k/X",)
+    assert (await b.read("k", "X"))["reserved_usd"] == pytest.approx(0.2)
+
+
+async def test_a_subagents_subagent_is_charged_to_the_whole_tree():
+    await _grandchild_spend(SessionBudgets(load_config(models=MODELS)))
+
+
+async def test_a_subagents_subagent_is_charged_to_the_whole_tree_in_redis():
+    async with redis_ledgers() as make:
+        await _grandchild_spend(SessionBudgets(load_config(models=MODELS), make()))

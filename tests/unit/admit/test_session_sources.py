@@ -142,6 +142,16 @@ def test_subagent_ids_are_bounded_and_ancestors_listed() -> None:
     assert deep.ancestors == ("s1/agent/a1", "s1")
 
 
+@pytest.mark.parametrize("meta", ["[" * 5000, '{"a":' * 3000, '{"parent_thread_id": 5}', "null"])
+def test_codex_turn_metadata_that_is_not_an_object_names_no_parent(meta: str) -> None:
+    """``x-codex-turn-metadata`` nested past the JSON parser's depth (5,000 bytes, well under
+    the header limit) is no metadata: the thread is no subagent. It raised RecursionError,
+    which the proxy answered 500."""
+    got = named_session(hdrs(**{"session-id": "root", "thread-id": "t",
+                                "x-codex-turn-metadata": meta}))
+    assert got == NamedSession("root", "codex")
+
+
 @pytest.mark.parametrize(("value", "ends"), [
     ("true", True), ("TRUE", True), ("1", True), ("yes", True), (" true ", True),
     ("false", False), ("0", False), ("", False), (None, False),

@@ -89,6 +89,27 @@ async def test_plain_keys_read_their_own_sessions_only(sim):
                                    headers=_auth(ADMIN)))  # the admin's own key has none
 
 
+async def test_a_session_named_beyond_ascii_is_read_by_its_text(sim):
+    """``x-session-id: sess-é€`` (UTF-8 bytes in the header) is read back with
+    ``?session_id=sess-é€`` (its text, as every HTTP client percent-encodes it) and answers
+    with that id and the session's budget; it was a 404 (the header's bytes are stored as
+    latin-1, the query was looked up as text)."""
+    app = create_app(_config(sim.url))
+    async with app.api.router.lifespan_context(app.api):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+            r = await c.post("/v1/chat/completions", headers=[
+                ("authorization", f"Bearer {A}"), ("x-session-id", "sess-é€".encode()),
+                ("x-speedgate-session-budget-usd", "2")], json={
+                "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+            r = await c.get("/v1/usage", params={"session_id": "sess-é€"}, headers=_auth(A))
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            assert doc["session_id"] == "sess-é€" and doc["requests"] == 1
+            assert doc["budget"]["budget_usd"] == 2
+
+
 async def test_refused_requests_keep_what_the_client_asked(sim, caplog):
     app = create_app(_config(sim.url))
     async with app.api.router.lifespan_context(app.api):

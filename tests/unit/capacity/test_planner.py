@@ -132,3 +132,28 @@ def test_every_does_not_fit_names_its_limit(tmp_path, capsys: pytest.CaptureFixt
     assert "replicas for 1 x 16k: does not fit (standard): one sequence of 16,384 tokens" in table
     assert "0 sessions of 1M tokens (standard, fast): 1,048,576 tokens is above " \
            "--max-model-len 32,768" in table
+
+
+def test_a_max_model_len_above_the_models_context_will_not_start(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-model-len 200000`` for llama-3-8b (max_position_embeddings 131,072): vLLM
+    refuses to start, so the replica "will not start" with the reason (it was reported as
+    holding 4.59 sequences of 200,000 tokens); a rope_scaling factor raises the limit as vLLM
+    derives it (yarn from original_max_position_embeddings, llama3 unscaled)."""
+    from gateway.capacity.checks import derived_context
+
+    assert main(["capacity", "llama-3-8b", "--max-model-len", "200000", "--json"]) == 0
+    std = json.loads(capsys.readouterr().out)["tiers"]["standard"]
+    assert not std["starts"]
+    assert std["starts_reason"].startswith(
+        "--max-model-len 200,000 is above the model's longest context 131,072")
+    assert main(["capacity", "llama-3-8b", "--max-model-len", "131072", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tiers"]["standard"]["starts"]
+    base = {"max_position_embeddings": 32_768}
+    assert derived_context(base) == 32_768
+    assert derived_context({**base, "rope_scaling": {"type": "dynamic", "factor": 2.0}}) == 65_536
+    assert derived_context({**base, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}}) == 16_384
+    assert derived_context({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}) == (
+        32_768)
+    assert derived_context({}) is None

@@ -194,6 +194,30 @@ def test_a_bomb_nested_in_two_codings_is_413() -> None:
         read(pieces(nested, 4096), ["gzip", "gzip"], limit=64 * MIB)
 
 
+@pytest.mark.parametrize("codings", [["gzip", "gzip"], ["gzip", "gzip", "gzip"], ["br", "br"],
+                                     ["gzip", "br"]])
+def test_no_stage_of_stacked_codings_decodes_past_the_chains_allowance(codings) -> None:
+    """A short chunk of a nested bomb (a few hundred bytes, decoded on the event loop) makes no
+    stage produce more than the chain allows for the bytes received (``INFLATION_FLOOR``, plus
+    one output step): the middle stage of ``gzip, gzip`` decoded the whole 8 MiB limit first,
+    ~8 ms inline for a 272-byte body, and only then did the chain refuse it."""
+    from gateway.common.body_codings import _PIECE, INFLATION_FLOOR, body_decoder
+
+    nested = _stacked(bytes(64 * MIB), codings)
+    chunk = nested[:OFFLOAD_BYTES - 1]
+    decoder = body_decoder(", ".join(codings), 8 * MIB)
+    with pytest.raises(BodyTooLarge):
+        decoder.feed(chunk)
+        decoder.finish()
+    for stage in decoder.decoders:  # type: ignore[attr-defined]
+        assert stage.budget.produced <= INFLATION_FLOOR + _PIECE, codings
+
+
+def test_stacked_codings_of_an_ordinary_body_decode_whole() -> None:
+    assert asyncio.run(decode_body(["gzip", "br", "zstd"], _stacked(BODY, ["gzip", "br", "zstd"]),
+                                   MIB)) == BODY
+
+
 def test_decode_body_is_the_body_itself_without_a_coding_and_raises_the_edges_errors() -> None:
     assert asyncio.run(decode_body([], BODY, MIB)) == BODY
     assert asyncio.run(decode_body(["identity"], BODY, MIB)) == BODY

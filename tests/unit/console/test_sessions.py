@@ -107,3 +107,30 @@ def test_trees_roll_up_subagents_and_ended_rows_say_how() -> None:
         ("solo", "idle"), ("main/agent/a", "explicit")]
     t.observe("k", "solo", 4.0, tier="fast", ok=True)  # a turn after its end: it goes on
     assert recently_ended(t.active(4.0, 60), 5, 4.0, 1000.0)[0]["session_id"] == "main/agent/a"
+
+
+def test_a_long_chain_of_subagents_is_one_bounded_tree() -> None:
+    """A key whose 3,000 sessions each name the one before as parent: one tree, listed four
+    levels deep, its total over the whole chain, built in linear time (it raised
+    RecursionError, which failed the console's snapshot, after a quadratic scan: 4.6 s for
+    5,000)."""
+    import json
+    import time
+
+    from gateway.console.sessions import MAX_TREE_DEPTH, session_trees
+
+    n = 3000
+    t = SessionTable(10_000)
+    for i in range(n):
+        t.observe("k", f"s{i}", 1.0, tier="fast", ok=True, prompt=1,
+                  parent=f"s{i - 1}" if i else None)
+    t0 = time.perf_counter()
+    (tree,) = session_trees(t.active(1.0, 60), 5, 1.0, 1000.0)
+    assert time.perf_counter() - t0 < 1.0
+    assert tree["session_id"] == "s0" and tree["total"]["turns"] == n
+    depth, row = 0, tree
+    while row["children"]:
+        (row,) = row["children"]
+        depth += 1
+    assert depth == MAX_TREE_DEPTH and row["total"]["turns"] == n - MAX_TREE_DEPTH
+    json.dumps(tree)  # the snapshot serialises

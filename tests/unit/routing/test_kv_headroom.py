@@ -120,3 +120,32 @@ def test_session_stays_while_its_replica_has_room_moves_when_not_waits_when_none
     assert _turn(router, pool, 2_000) is moved and _turn.placement == "wait"  # type: ignore
     assert _turn.figures.startswith("move_s=- ")  # type: ignore[attr-defined]  # nowhere to go
     assert router.placements["wait"] == 1
+
+
+@pytest.mark.parametrize("prompt", [["word " * 2500] * 3, [[7] * 3000, [8] * 3000]])
+def test_a_completions_batch_fits_by_its_longest_prompt(prompt: list) -> None:
+    """``/v1/completions`` with a list of prompts is a batch of sequences, each under
+    ``max_model_len`` on its own: three 2,500-token prompts on a 4,096-token replica fit (they
+    were refused 400 "at least 4271 input tokens", their sum, as was a batch of two 3,000-id
+    prompts as 6000); one prompt past the limit is still refused with its own count."""
+    from types import SimpleNamespace
+
+    from gateway.plan.chain import Plan
+    from gateway.plan.kv_fit import fit_replicas
+
+    api = SimpleNamespace(generates=True, count_kind="completion", prompt_field="prompt",
+                          output_field="max_tokens", lowers_output_cap=False)
+
+    async def fit(doc: dict) -> SimpleNamespace:
+        pool = _pool(1, max_len=4096)
+        plan, route = Plan(request=None, chain=[pool]), SimpleNamespace(tokens=0, output_cap=0)
+        await fit_replicas(plan, route, SimpleNamespace(conversation=doc),  # type: ignore[arg-type]
+                           len(str(doc)), api, "cl100k_base")  # type: ignore[arg-type]
+        assert plan.chain == [pool]
+        return route
+
+    route = asyncio.run(fit({"prompt": prompt, "max_tokens": 16}))
+    assert 2500 < route.tokens <= 3016  # the longest sequence and its cap
+    with pytest.raises(ContextTooLong) as e:
+        asyncio.run(fit({"prompt": [*prompt, "word " * 5000], "max_tokens": 16}))
+    assert e.value.prompt_tokens > 4096 and e.value.param == "prompt"

@@ -258,3 +258,84 @@ async def test_explicit_end_through_the_app_deletes_its_redis_state():
         if keys or usage_keys:
             await client.delete(*keys, *usage_keys)
         await client.aclose()
+
+
+def test_a_request_in_flight_at_an_explicit_end_does_not_bring_the_session_back():
+    """A turn still running when another turn of its session ends it finishes after the end:
+    its totals are counted, but the session stays ended ``explicit`` and is not swept again
+    later as ``idle`` (before: its usage cleared the end, and the idle sweep ended it a second
+    time, so the console said ``idle``). A turn that starts after the end resumes it."""
+    from gateway.admit.session_end import SessionEnds
+    from gateway.telemetry.usage_store import MemoryUsageStore, UsageDelta
+
+    class Rec:
+        def __init__(self, sid: str, t_start: float, end: bool = False) -> None:
+            self.session_id, self.key_id, self.request_id = sid, "k", "r"
+            self.session_end, self.t_start = end, t_start
+
+    class Pools:
+        def all(self):
+            return []
+
+    class Budgets:
+        async def release(self, key_id, session_id):
+            pass
+
+    async def finished(ends: SessionEnds, usage: MemoryUsageStore, rec: Rec) -> None:
+        await usage.add(rec.key_id, rec.session_id, UsageDelta(input_tokens=1))  # as accounting
+        await ends.observe(rec, None)
+
+    async def main() -> None:
+        clock, usage, told = Clock(), MemoryUsageStore(), []
+        ends = SessionEnds(Pools(), Budgets(), usage, idle_s=10.0, clock=clock,
+                           on_end=lambda k, s, how: told.append(how))
+        long_turn = Rec("s", t_start=clock.t)  # admitted, still streaming
+        clock.t += 1
+        await finished(ends, usage, Rec("s", t_start=clock.t, end=True))
+        clock.t += 1
+        await finished(ends, usage, long_turn)  # done after the end
+        totals = await usage.get_session("k", "s")
+        assert totals.requests == 2 and totals.ended == "explicit"
+        assert told == ["explicit", "explicit"]  # the console's row is marked again
+        clock.t += 60
+        assert await ends.sweep() == 0 and ends.ended == {"explicit": 1, "idle": 0}
+        await finished(ends, usage, Rec("s", t_start=clock.t))  # a new turn: it goes on
+        assert (await usage.get_session("k", "s")).ended == ""
+        assert len(ends) == 1
+
+    asyncio.run(main())
+
+
+def test_a_session_with_a_request_in_flight_is_not_idle():
+    """A turn that runs longer than the idle window (a long generation) keeps its session:
+    sweeps while it runs end nothing (before: the session was ended ``idle`` with its request
+    still streaming, its routing state released); once it is done the idle clock starts."""
+    from gateway.admit.session_end import SessionEnds
+    from gateway.telemetry.usage_store import MemoryUsageStore
+
+    class Rec:
+        def __init__(self, sid: str, t_start: float) -> None:
+            self.session_id, self.key_id, self.request_id = sid, "k", "r"
+            self.session_end, self.t_start = False, t_start
+
+    class Pools:
+        def all(self):
+            return []
+
+    async def main() -> None:
+        clock, usage = Clock(), MemoryUsageStore()
+        ends = SessionEnds(Pools(), None, usage, idle_s=10.0, clock=clock)
+        await ends.observe(Rec("s", clock.t), None)  # a first turn
+        running = ends.begin("k", "s")  # the next one, admitted
+        for _ in range(5):
+            clock.t += 30
+            assert await ends.sweep() == 0  # still streaming: not idle
+        await ends.observe(Rec("s", clock.t), None, running)
+        ends.done(running)  # given back once: a second call changes nothing
+        clock.t += 5
+        assert await ends.sweep() == 0
+        clock.t += 10
+        assert await ends.sweep() == 1 and ends.ended["idle"] == 1
+        assert ends.begin("k", None) is None
+
+    asyncio.run(main())
