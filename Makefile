@@ -54,8 +54,9 @@ install: $(STAMP)  ## create .venv and install speedgate with its dev extras
 demo: $(RUNTIME)  ## simulated standard + fast pools and a gateway on http://127.0.0.1:8080
 	exec $(BIN)/speedgate demo --port $${PORT:-8080} $(DEMO_ARGS)
 
-test: $(STAMP)  ## lint, the docs site (strict: dead links fail), the whole test suite; starts Redis if needed
+test: $(STAMP)  ## lint, types, the docs site (strict: dead links fail), the whole test suite; starts Redis if needed
 	$(BIN)/ruff check .
+	$(BIN)/mypy gateway
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	bash tests/ensure-redis.sh
 	$(BIN)/pytest -q
