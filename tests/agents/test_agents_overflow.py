@@ -47,15 +47,20 @@ COMPACTION = {
 }
 
 
-@pytest.fixture(scope="module")
-def small_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The demo with replicas of ``MAX_MODEL_LEN`` tokens, one per tier."""
-    s = demo_stack(tmp_path_factory.mktemp("small"), "--max-model-len", str(MAX_MODEL_LEN),
+def _small_demo(tmp_path_factory: pytest.TempPathFactory, tokens: int) -> Iterator[Stack]:
+    """The demo with replicas of ``tokens`` tokens, one per tier (stopped afterwards)."""
+    s = demo_stack(tmp_path_factory.mktemp(f"demo{tokens}"), "--max-model-len", str(tokens),
                    "--replicas", "1")
     try:
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def small_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The demo with replicas of ``MAX_MODEL_LEN`` tokens, one per tier."""
+    yield from _small_demo(tmp_path_factory, MAX_MODEL_LEN)
 
 
 def _script(agent: str) -> list[dict[str, Any]]:
@@ -117,12 +122,7 @@ TURNS_32K = 12  # 4,000 words a turn: the conversation passes 32,768 within the 
 @pytest.fixture(scope="module")
 def stack_32k(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The demo with replicas of ``DEMO_32K`` tokens, one per tier."""
-    s = demo_stack(tmp_path_factory.mktemp("d32k"), "--max-model-len", str(DEMO_32K),
-                   "--replicas", "1")
-    try:
-        yield s
-    finally:
-        s.stop()
+    yield from _small_demo(tmp_path_factory, DEMO_32K)
 
 
 def test_opencode_on_a_32k_demo_is_served_with_its_cap_lowered(
