@@ -77,16 +77,23 @@ def access_lines(stack: Stack, since: int = 0) -> list[dict[str, Any]]:
     return out[since:]
 
 
-def claude_script(scratch: Path) -> list[dict[str, Any]]:
-    """Claude Code's tools: ``Write`` (file_path, content), ``Bash`` (command), ``Read``."""
+def _file_task(scratch: Path, write: str, shell: str, read: str, path_field: str
+               ) -> list[dict[str, Any]]:
+    """The four-turn task (write hello.txt, count its bytes into count.txt, read it back,
+    answer) in an agent's own tool names and file-path field."""
     return [
-        {"text": "Writing the file.", "tool": "Write",
-         "arguments": {"file_path": str(scratch / "hello.txt"), "content": "hello agent\n"}},
-        {"tool": "Bash", "arguments": {"command": "wc -c < hello.txt > count.txt",
-                                       "description": "Count the bytes"}},
-        {"tool": "Read", "arguments": {"file_path": str(scratch / "count.txt")}},
+        {"text": "Writing the file.", "tool": write,
+         "arguments": {path_field: str(scratch / "hello.txt"), "content": "hello agent\n"}},
+        {"tool": shell, "arguments": {"command": "wc -c < hello.txt > count.txt",
+                                      "description": "Count the bytes"}},
+        {"tool": read, "arguments": {path_field: str(scratch / "count.txt")}},
         {"text": FINAL_TEXT},
     ]
+
+
+def claude_script(scratch: Path) -> list[dict[str, Any]]:
+    """Claude Code's tools: ``Write`` (file_path, content), ``Bash`` (command), ``Read``."""
+    return _file_task(scratch, "Write", "Bash", "Read", "file_path")
 
 
 def codex_script() -> list[dict[str, Any]]:
@@ -126,14 +133,7 @@ def hello_script(agent: str, scratch: Path) -> list[dict[str, Any]]:
 def opencode_script(scratch: Path) -> list[dict[str, Any]]:
     """The four-turn task in OpenCode's tools: ``write`` (filePath, content), ``bash``
     (command), ``read`` (filePath)."""
-    return [
-        {"text": "Writing the file.", "tool": "write",
-         "arguments": {"filePath": str(scratch / "hello.txt"), "content": "hello agent\n"}},
-        {"tool": "bash", "arguments": {"command": "wc -c < hello.txt > count.txt",
-                                       "description": "Count the bytes"}},
-        {"tool": "read", "arguments": {"filePath": str(scratch / "count.txt")}},
-        {"text": FINAL_TEXT},
-    ]
+    return _file_task(scratch, "write", "bash", "read", "filePath")
 
 
 def set_replica_faults(stack: Stack, faults: dict[str, Any]) -> None:
