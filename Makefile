@@ -119,7 +119,7 @@ bench-clients: $(STAMP)  ## aiohttp vs httpx as the upstream client
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
 
-.PHONY: loadtest race capacity capacity-core relay-events step-budget
+.PHONY: loadtest race capacity capacity-core relay-events step-budget bench-long
 loadtest: $(STAMP)  ## locust on the CPU stack -> reports/loadtest-<time>/summary.md + plots (ARGS=...)
 	$(BIN)/python -m loadtests.run_loadtest $(ARGS)
 
@@ -137,6 +137,9 @@ relay-events: $(STAMP)  ## gateway CPU per relayed event, tokens arriving one by
 
 step-budget: $(STAMP)  ## gateway CPU per request and per event by step (py-spy) vs the floor (ARGS=--base DIR ...)
 	$(BIN)/python -m loadtests.bench_step_budget $(ARGS)
+
+bench-long: $(STAMP)  ## a growing 1M-token agent session beside small requests: direct, floor, speedgate, smg (installs smg into loadtests/.venv-smg; ARGS=...)
+	$(BIN)/python -m loadtests.bench_long_prompts $(ARGS)
 
 .PHONY: bench-flow
 bench-flow: $(STAMP)  ## flow control: interactive TTFT under a batch-agent flood, off vs on (ARGS=...)
