@@ -22,12 +22,14 @@ from engines.procs import spawn_reporting_port, stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 # The only places allowed to pick a port before the server binds it: the definition, and
-# callers that retry on a fresh port when the bind fails (vLLM cannot report a port it bound).
+# callers that retry on a fresh port when the bind fails (vLLM, LiteLLM's proxy and smg cannot
+# report a port they bound).
 PICK_ALLOWED = {
     "engines/procs.py",
     "engines/vllm/launcher.py",
     "tests/deploy/test_engine_profiles.py",
     "loadtests/bench_race.py",
+    "loadtests/bench_long_prompts.py",
 }
 
 
